@@ -1,0 +1,154 @@
+"""Run-time settings: one ``rc`` object, overridable by ``MPIDIST_<NAME>`` variables.
+
+Modelled on ``mpi4py.rc``: the names are fixed, a misspelt name is an error (in code and in
+the environment), and every value is checked when it is set::
+
+    import mpidist
+    mpidist.rc.algorithm = "hierarchical"          # or MPIDIST_ALGORITHM=hierarchical
+    with mpidist.rc.override(timeout_seconds=5):   # scoped change, e.g. in tests
+        ...
+
+Settings that shape a collective (algorithm, packing) must be equal on every rank; the
+agreement check reports a rank whose settings differ.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Mapping
+
+_PREFIX = "MPIDIST_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ValueError(
+                f"mpidist.rc: `{name}` must be one of {', '.join(allowed)}, got {value!r}")
+        return text
+    return parse
+
+
+def _nonneg_int(name: str, value: Any) -> int:
+    number: int | None = None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    if number is None or number < 0:
+        raise ValueError(f"mpidist.rc: `{name}` must be an integer >= 0, got {value!r}")
+    return number
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"mpidist.rc: `{name}` must be a boolean (1/0, true/false), got {value!r}")
+
+
+def _optional_seconds(name: str, value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "0")):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds > 0:
+        raise ValueError(f"mpidist.rc: `{name}` must be None or seconds > 0, got {value!r}")
+    return seconds
+
+
+# name -> (default, parser, one-line description)
+_SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
+    "algorithm": ("auto", _choice("auto", "flat", "hierarchical"),
+                  "collective algorithm: auto (by topology and size), flat (the MPI library's own), "
+                  "hierarchical (inside node, across node leaders, back inside node)"),
+    "hierarchical_threshold": (1 << 20, _nonneg_int,
+                               "auto uses the hierarchical algorithm from this many bytes per buffer "
+                               "when the job spans several nodes with several ranks each"),
+    "bytes_per_pack": (0, _nonneg_int,
+                       "default pack size for nested collectives in bytes; 0 = automatic"),
+    "local_size": (0, _nonneg_int,
+                   "fake nodes of this many consecutive ranks (testing the hierarchical path on "
+                   "one machine); 0 = nodes from MPI_Comm_split_type(COMM_TYPE_SHARED)"),
+    "check_agreement": (True, _flag,
+                        "before data moves, check that every rank issues the same collective "
+                        "(costs one 16-byte allreduce)"),
+    "timeout_seconds": (None, _optional_seconds,
+                        "default deadline of every collective; None = wait forever"),
+}
+
+
+class Settings:
+    """The ``mpidist.rc`` settings object; see the module docstring."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        object.__setattr__(self, "_values", {})
+        self.reset(environ)
+
+    def reset(self, environ: Mapping[str, str] | None = None) -> None:
+        """Back to the defaults, then apply ``MPIDIST_<NAME>`` from ``environ`` (default os.environ)."""
+        env = os.environ if environ is None else environ
+        unknown = sorted(k for k in env if k.startswith(_PREFIX) and k[len(_PREFIX):].lower() not in _SPECS)
+        if unknown:
+            known = ", ".join(_PREFIX + n.upper() for n in _SPECS)
+            raise ValueError(f"mpidist.rc: unknown setting(s) {', '.join(unknown)} in the environment; "
+                             f"known: {known}")
+        values = {name: spec[0] for name, spec in _SPECS.items()}
+        for name, (_, parse, _) in _SPECS.items():
+            key = _PREFIX + name.upper()
+            if key in env:
+                values[name] = parse(key, env[key])
+        self._values.clear()
+        self._values.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _SPECS:
+            raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}")
+        self._values[name] = _SPECS[name][1](name, value)
+
+    def __call__(self, **kwargs: Any) -> None:
+        """Set several settings at once: ``rc(algorithm="flat", bytes_per_pack=1 << 20)``."""
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    @contextlib.contextmanager
+    def override(self, **kwargs: Any) -> Iterator["Settings"]:
+        """Change settings inside a ``with`` block; restores the previous values on exit."""
+        saved = dict(self._values)
+        try:
+            self(**kwargs)
+            yield self
+        finally:
+            self._values.clear()
+            self._values.update(saved)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @staticmethod
+    def describe() -> dict[str, str]:
+        """Setting name -> what it does (for ``python -m mpidist info`` and the docs)."""
+        return {name: spec[2] for name, spec in _SPECS.items()}
+
+    def __repr__(self) -> str:
+        return "rc(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+
+rc = Settings()

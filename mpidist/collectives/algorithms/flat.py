@@ -1,0 +1,31 @@
+"""Flat algorithms: the MPI library's own collective on the whole communicator."""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+
+def displacements(counts: np.ndarray) -> np.ndarray:
+    displs = np.zeros_like(counts)
+    np.cumsum(counts[:-1], out=displs[1:])
+    return displs
+
+
+def allreduce(ctx, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
+    ctx.call(ctx.topo.comm, "Allreduce", send, recv, op)
+
+
+def bcast(ctx, buf: np.ndarray, root: int) -> None:
+    ctx.call(ctx.topo.comm, "Bcast", buf, root)
+
+
+def reduce(ctx, send: np.ndarray, recv: np.ndarray | None, op: MPI.Op, root: int) -> None:
+    ctx.call(ctx.topo.comm, "Reduce", send, recv, op, root)
+
+
+def allgatherv(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> None:
+    ctx.call(ctx.topo.comm, "Allgatherv", send, [recv, (counts, displacements(counts)), MPI.BYTE])
+
+
+def reduce_scatter(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, op: MPI.Op) -> None:
+    ctx.call(ctx.topo.comm, "Reduce_scatter", send, recv, counts, op)

@@ -1,0 +1,66 @@
+"""Array adapters: turn each leaf into a host NumPy array and turn results back.
+
+The engine works on contiguous NumPy arrays. A leaf may be a NumPy array, a NumPy scalar or a
+Python number; results come back as the same kind (array, NumPy scalar, Python number) with the
+same dtype and shape. Higher layers register adapters for other array types (TensorFlow, CuPy)
+with :func:`register`, so this module never imports them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .ops import check_dtype
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How to move one kind of leaf to a NumPy array and back."""
+    name: str
+    accepts: Callable[[Any], bool]
+    to_numpy: Callable[[Any], np.ndarray]
+    from_numpy: Callable[[np.ndarray, Any], Any]   # (result, original leaf) -> leaf of the original kind
+
+
+def _numpy_back(result: np.ndarray, original: Any) -> Any:
+    return result
+
+
+def _scalar_back(result: np.ndarray, original: Any) -> Any:
+    return result.reshape(()).item() if not isinstance(original, np.generic) else result.reshape(())[()]
+
+
+_NUMPY = Adapter("numpy", lambda x: isinstance(x, np.ndarray), lambda x: x, _numpy_back)
+_SCALAR = Adapter("scalar", lambda x: isinstance(x, (np.generic, bool, int, float, complex)),
+                  np.asarray, _scalar_back)
+_adapters: list[Adapter] = []
+
+
+def register(adapter: Adapter) -> None:
+    """Add an adapter, tried before NumPy's (later registrations first)."""
+    _adapters.insert(0, adapter)
+
+
+def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
+    """A C-contiguous NumPy array holding ``leaf`` and the adapter to rebuild it."""
+    if type(leaf) is np.ndarray:  # hot path
+        adapter = _NUMPY
+    elif isinstance(leaf, np.ndarray):
+        adapter = _NUMPY
+    else:
+        adapter = next((a for a in _adapters if a.accepts(leaf)), None) or (
+            _SCALAR if _SCALAR.accepts(leaf) else None)
+        if adapter is None:
+            raise TypeError(f"{where}: leaf {index} of `value` must be an array or a number, "
+                            f"got {type(leaf).__module__}.{type(leaf).__qualname__}")
+    array = adapter.to_numpy(leaf)
+    check_dtype(array.dtype, where, f"leaf {index} of `value`")
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array, adapter
+
+
+def from_host(result: np.ndarray, adapter: Adapter, original: Any) -> Any:
+    return adapter.from_numpy(result, original)

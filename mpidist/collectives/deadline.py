@@ -1,0 +1,88 @@
+"""Issuing the MPI calls of one logical collective, blocking or against a deadline.
+
+Without a deadline each step is the blocking MPI call. With ``timeout_seconds`` each step is the
+non-blocking variant (``Iallreduce``, ``Ibcast`` …) polled until the deadline of the whole
+logical collective. When the deadline passes, the request is abandoned (its buffers are kept
+alive, since MPI may still write into them), the owning engine marks itself broken and
+``DeadlineExceededError`` is raised.
+
+An abandoned request would make ``MPI_Finalize`` wait forever for the rank that never came, so at
+interpreter exit, if any abandoned request is still incomplete, mpidist logs why and calls
+``MPI_Abort`` on COMM_WORLD: the job ends with a non-zero status instead of hanging.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from typing import Any, Callable
+
+from mpi4py import MPI
+
+from ..errors import deadline_exceeded
+
+_log = logging.getLogger("mpidist")
+_abandoned: list[tuple[MPI.Request, tuple, str]] = []
+_SPIN = 2e-4        # poll without sleeping for this long, then back off
+_MAX_NAP = 1e-3
+
+
+class Caller:
+    """Runs ``comm.<Name>(*args)`` for the steps of one collective; see the module docstring."""
+
+    __slots__ = ("what", "timeout", "deadline", "on_expire")
+
+    def __init__(self, what: str, timeout: float | None, on_expire: Callable[[str], None]) -> None:
+        self.what = what
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.on_expire = on_expire
+
+    def __call__(self, comm: MPI.Comm, name: str, *args: Any) -> None:
+        if self.deadline is None:
+            getattr(comm, name)(*args)
+            return
+        request = getattr(comm, "I" + name.lower())(*args)
+        if not _wait(request, self.deadline):
+            _abandon(request, args, self.what)
+            message = (f"{self.what}: not finished within timeout_seconds={self.timeout:g}: at least one of "
+                       f"the {comm.Get_size()} ranks taking part has not reached this collective "
+                       f"(MPI step {name}). This communicator now refuses further collectives.")
+            self.on_expire(message)
+            raise deadline_exceeded(message)
+
+
+def _wait(request: MPI.Request, deadline: float) -> bool:
+    start = time.monotonic()
+    nap = 1e-5
+    while not request.Test():
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if now - start > _SPIN:
+            time.sleep(min(nap, deadline - now))
+            nap = min(nap * 2, _MAX_NAP)
+    return True
+
+
+def _abandon(request: MPI.Request, buffers: tuple, what: str) -> None:
+    if not _abandoned:
+        atexit.register(_abort_if_pending)
+    _abandoned.append((request, buffers, what))
+
+
+def pending() -> list[str]:
+    """Descriptions of abandoned collectives that have still not completed."""
+    return [what for request, _, what in _abandoned if not MPI.Is_finalized() and not request.Test()]
+
+
+def _abort_if_pending() -> None:
+    if MPI.Is_finalized():
+        return
+    stuck = pending()
+    if stuck:
+        _log.error("mpidist: aborting the MPI job at exit: %s timed out and is still pending, so "
+                   "MPI_Finalize would wait forever for the ranks that never arrived", "; ".join(stuck))
+        for handler in logging.getLogger().handlers + _log.handlers:
+            handler.flush()
+        MPI.COMM_WORLD.Abort(1)

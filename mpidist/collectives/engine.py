@@ -1,0 +1,216 @@
+"""The collective engine: logical collectives on nests of host arrays over one Topology.
+
+Every public call does the same steps, in the same order on every rank:
+
+1. refuse if an earlier collective on this engine timed out (the communicator state is unknown);
+2. flatten the nest, turn leaves into contiguous NumPy arrays, validate arguments;
+3. agree: one 16-byte Allreduce checks that every rank issues the same collective
+   (``rc.check_agreement``; see agreement.py);
+4. run the collective module (allreduce.py, broadcast.py …) pack by pack, each pack with the
+   flat or hierarchical algorithm (``algorithm=`` or ``rc.algorithm``; "auto" by topology and size);
+5. rebuild the nest with results of the same kinds, dtypes and shapes.
+
+With ``timeout_seconds`` (or ``rc.timeout_seconds``) every MPI step is non-blocking and the whole
+collective must finish by the deadline, else DeadlineExceededError (see deadline.py).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .._config import rc
+from ..errors import CommunicatorBrokenError
+from ..topology import Topology
+from . import agreement, allgather, allreduce, arrays, broadcast, nest, packing, reduce, reduce_scatter
+from .algorithms import choose
+from .deadline import Caller
+from .ops import Op, parse_op
+
+_ALGORITHMS = ("auto", "flat", "hierarchical")
+
+
+class _Call:
+    """What one logical collective's modules need: topology, MPI caller, packing and algorithm."""
+
+    __slots__ = ("where", "topo", "call", "size", "algorithm_name", "threshold", "bytes_per_pack", "num_packs")
+
+    def __init__(self, where: str, topo: Topology, call: Caller, algorithm: str, bytes_per_pack: int,
+                 num_packs: int | None) -> None:
+        self.where, self.topo, self.call, self.size = where, topo, call, topo.size
+        self.algorithm_name, self.threshold = algorithm, rc.hierarchical_threshold
+        self.bytes_per_pack, self.num_packs = bytes_per_pack, num_packs
+
+    def plan(self, nbytes: list[int], groups: list[Any]) -> list[list[int]]:
+        return packing.plan(nbytes, groups, self.bytes_per_pack, self.num_packs)
+
+    def algorithm(self, nbytes: int) -> ModuleType:
+        return choose(self.algorithm_name, self.topo, nbytes, self.threshold)
+
+
+class Engine:
+    """Collectives over a private clone of ``comm`` (default COMM_WORLD).
+
+    Creating an Engine is collective over ``comm``. ``local_size`` fakes nodes of that many
+    consecutive ranks (default ``rc.local_size``). Every method is collective: all ranks of the
+    communicator must call it, in the same order, with matching arguments.
+    """
+
+    def __init__(self, comm: MPI.Intracomm | None = None, *, local_size: int | None = None,
+                 topology: Topology | None = None) -> None:
+        self.topology = topology if topology is not None else Topology(comm, local_size=local_size)
+        self._broken: str | None = None
+        self._hashes: dict[tuple, int] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    @property
+    def broken(self) -> str | None:
+        """Why this engine refuses collectives, or None while it is usable."""
+        return self._broken
+
+    # -- public collectives, all in the same order ------------------------------------------------
+
+    def allreduce(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
+                  num_packs: int | None = None, algorithm: str | None = None,
+                  timeout_seconds: float | None = None) -> Any:
+        """Reduce ``value`` (an array, number or nest of them) over all ranks; every rank gets the result."""
+        where = "allreduce"
+        red = parse_op(op, where)
+        return self._run(where, allreduce, value, (red.value, None), dict(op=red),
+                         bytes_per_pack, num_packs, algorithm, timeout_seconds)
+
+    def broadcast(self, value: Any, root: int = 0, *, bytes_per_pack: int | None = None,
+                  num_packs: int | None = None, algorithm: str | None = None,
+                  timeout_seconds: float | None = None) -> Any:
+        """Every rank gets ``root``'s value. All ranks pass a value of the same structure, dtypes and shapes."""
+        where = "broadcast"
+        root = self._check_root(root, where)
+        return self._run(where, broadcast, value, (None, root), dict(root=root),
+                         bytes_per_pack, num_packs, algorithm, timeout_seconds)
+
+    def allgather(self, value: Any, *, bytes_per_pack: int | None = None, num_packs: int | None = None,
+                  algorithm: str | None = None, timeout_seconds: float | None = None) -> Any:
+        """Concatenate every rank's value along axis 0 in rank order; axis 0 may differ per rank."""
+        return self._run("allgather", allgather, value, (None, None), {},
+                         bytes_per_pack, num_packs, algorithm, timeout_seconds)
+
+    def reduce(self, value: Any, op: Any = "sum", root: int = 0, *, bytes_per_pack: int | None = None,
+               num_packs: int | None = None, algorithm: str | None = None,
+               timeout_seconds: float | None = None) -> Any:
+        """Reduce over all ranks to ``root``; returns the result at the root and None elsewhere."""
+        where = "reduce"
+        red = parse_op(op, where)
+        root = self._check_root(root, where)
+        return self._run(where, reduce, value, (red.value, root), dict(op=red, root=root),
+                         bytes_per_pack, num_packs, algorithm, timeout_seconds)
+
+    def reduce_scatter(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
+                       num_packs: int | None = None, algorithm: str | None = None,
+                       timeout_seconds: float | None = None) -> Any:
+        """Reduce over all ranks; rank r keeps block r of axis 0 (blocks as numpy.array_split cuts them)."""
+        where = "reduce_scatter"
+        red = parse_op(op, where)
+        return self._run(where, reduce_scatter, value, (red.value, None), dict(op=red),
+                         bytes_per_pack, num_packs, algorithm, timeout_seconds)
+
+    def barrier(self, *, timeout_seconds: float | None = None) -> None:
+        """Wait until every rank has called barrier (under the same deadline rules)."""
+        self._check_usable("barrier")
+        timeout = self._check_timeout(timeout_seconds, "barrier")
+        Caller("barrier", timeout, self._break)(self.topology.comm, "Barrier")
+
+    def close(self) -> None:
+        """Free the engine's communicators (collective). The caller's communicator is untouched."""
+        self.topology.free()
+        self._broken = "the engine was closed"
+
+    # -- shared steps --------------------------------------------------------------------------------
+
+    def _run(self, where: str, module: ModuleType, value: Any, op_root: tuple, params: dict,
+             bytes_per_pack: int | None, num_packs: int | None, algorithm: str | None,
+             timeout_seconds: float | None) -> Any:
+        self._check_usable(where)
+        bpp, npk, alg = self._check_packing(where, bytes_per_pack, num_packs, algorithm)
+        timeout = self._check_timeout(timeout_seconds, where)
+        leaves, tree = nest.flatten(value)
+        hosts = [arrays.to_host(leaf, where, i) for i, leaf in enumerate(leaves)]
+        host_arrays = [h[0] for h in hosts]
+        validate = getattr(module, "validate", None)
+        if validate is not None:
+            validate(host_arrays, where)
+        call = Caller(where, timeout, self._break)
+        ctx = _Call(where, self.topology, call, alg, bpp, npk)
+        if rc.check_agreement:
+            key = (where, op_root, nest.structure_key(tree), module.signature(host_arrays),
+                   alg, ctx.threshold if alg == "auto" else None, bpp, npk)
+            agreement.agree(self.topology.comm, call, key, self._hashes, _describe, where)
+        results = module.run(ctx, host_arrays, **params)
+        if results is None:
+            return None
+        return nest.unflatten(tree, [arrays.from_host(r, h[1], leaf) for r, h, leaf in zip(results, hosts, leaves)])
+
+    def _break(self, reason: str) -> None:
+        self._broken = reason
+
+    def _check_usable(self, where: str) -> None:
+        if self._broken is not None:
+            raise CommunicatorBrokenError(
+                f"{where}: this communicator refuses collectives because {self._broken}. "
+                f"Its ranks may be inside different collectives; end the job or build a new strategy/engine "
+                f"on a fresh communicator.")
+
+    def _check_root(self, root: Any, where: str) -> int:
+        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
+                or not 0 <= root < self.size:
+            raise ValueError(f"{where}: `root` must be a rank in [0, {self.size}), got {root!r}")
+        return int(root)
+
+    @staticmethod
+    def _check_timeout(timeout: Any, where: str) -> float | None:
+        if timeout is None:
+            return rc.timeout_seconds
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)) or not timeout > 0:
+            raise ValueError(f"{where}: `timeout_seconds` must be None or a number > 0, got {timeout!r}")
+        return float(timeout)
+
+    @staticmethod
+    def _check_packing(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any
+                       ) -> tuple[int, int | None, str]:
+        for name, v in (("bytes_per_pack", bytes_per_pack), ("num_packs", num_packs)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
+                raise ValueError(f"{where}: `{name}` must be an integer >= 0, got {v!r}")
+        if bytes_per_pack and num_packs is not None:
+            raise ValueError(f"{where}: give `bytes_per_pack` or `num_packs`, not both "
+                             f"(got {bytes_per_pack!r} and {num_packs!r})")
+        alg = rc.algorithm if algorithm is None else algorithm
+        if alg not in _ALGORITHMS:
+            raise ValueError(f"{where}: `algorithm` must be one of {', '.join(_ALGORITHMS)}, got {algorithm!r}")
+        bpp = rc.bytes_per_pack if bytes_per_pack is None else int(bytes_per_pack)
+        return bpp, None if num_packs is None else int(num_packs), alg
+
+
+def _describe(key: tuple) -> str:
+    where, (op, root), structure, leaves, alg, threshold, bpp, npk = key
+    parts = []
+    if op is not None:
+        parts.append(f"op={Op(op).name}")
+    if root is not None:
+        parts.append(f"root={root}")
+    shown = [f"{np.dtype(d).name}{tuple(s)}".replace("'?'", "?") for d, s in leaves[:6]]
+    if len(leaves) > 6:
+        shown.append(f"... {len(leaves)} leaves in all")
+    parts.append(f"leaves=[{', '.join(shown)}]")
+    if structure not in ("*", "[" + ",".join("*" * len(leaves)) + "]"):
+        parts.append(f"structure={structure[:120]}")
+    parts.append(f"algorithm={alg}" + (f"(threshold={threshold})" if threshold is not None else ""))
+    parts.append(f"bytes_per_pack={bpp}" + (f", num_packs={npk}" if npk is not None else ""))
+    return f"{where}({', '.join(parts)})"

@@ -1,0 +1,117 @@
+"""Packing many leaves into few buffers, and unpacking results as views.
+
+``plan`` splits leaf indices into packs (each pack holds one group, e.g. one dtype); packs are
+decided from sizes every rank knows, so all ranks build the same plan. A pack of one leaf whose
+dtype already matches is sent as a view of the caller's array: one large array takes no copy.
+
+Automatic packing (``bytes_per_pack=0``): leaves of at least ``ALONE_BYTES`` travel alone
+(their transfer dwarfs a call's latency, and packing would cost two copies), smaller ones are
+fused into packs of up to ``AUTO_PACK_BYTES``. ``bytes_per_pack=B`` packs greedily up to B bytes
+(a larger leaf travels alone); ``num_packs=K`` splits each group into K packs of about equal size
+(``0``: every leaf alone), as TensorFlow's cross-device ops do.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+ALONE_BYTES = 64 * 1024
+AUTO_PACK_BYTES = 4 * 1024 * 1024
+ALIGN = 16  # byte packs align every leaf so unpacked views are aligned for any dtype
+
+
+def plan(nbytes: Sequence[int], groups: Sequence[Hashable], bytes_per_pack: int,
+         num_packs: int | None) -> list[list[int]]:
+    """Leaf indices split into packs; within a pack, leaves keep their order."""
+    by_group: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    packs: list[list[int]] = []
+    for idx in by_group.values():
+        if num_packs is not None:
+            packs += [[i] for i in idx] if num_packs == 0 else _even(idx, nbytes, num_packs)
+        elif bytes_per_pack > 0:
+            packs += _greedy(idx, nbytes, bytes_per_pack, bytes_per_pack)
+        else:
+            packs += _greedy(idx, nbytes, AUTO_PACK_BYTES, ALONE_BYTES)
+    return packs
+
+
+def _greedy(idx: list[int], nbytes: Sequence[int], limit: int, alone_from: int) -> list[list[int]]:
+    packs, current, size = [], [], 0
+    for i in idx:
+        if nbytes[i] >= alone_from:
+            packs.append([i])
+            continue
+        if current and size + nbytes[i] > limit:
+            packs.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes[i]
+    if current:
+        packs.append(current)
+    return packs
+
+
+def _even(idx: list[int], nbytes: Sequence[int], k: int) -> list[list[int]]:
+    k = min(k, len(idx))
+    total = sum(nbytes[i] for i in idx)
+    packs: list[list[int]] = [[]]
+    acc = 0
+    for pos, i in enumerate(idx):
+        left_leaves, left_packs = len(idx) - pos, k - len(packs)
+        if packs[-1] and (acc >= total * len(packs) / k or left_leaves == left_packs):
+            packs.append([])
+        packs[-1].append(i)
+        acc += nbytes[i]
+    return packs
+
+
+def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``array`` in ``dtype``: a view when only bool→uint8 reinterpretation is needed."""
+    if array.dtype == dtype:
+        return array
+    if array.dtype.kind == "b" and dtype == np.uint8:
+        return array.view(np.uint8)
+    return array.astype(dtype)
+
+
+def pack(arrays: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """One 1-D buffer of ``dtype`` holding ``arrays`` back to back (a view for a single array)."""
+    if len(arrays) == 1:
+        return as_dtype(arrays[0], dtype).reshape(-1)
+    flat = [as_dtype(a, dtype).reshape(-1) for a in arrays]
+    return np.concatenate(flat)
+
+
+def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> list[np.ndarray]:
+    """Split a buffer from :func:`pack` back into arrays (views where the dtype already matches)."""
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        count = int(np.prod(shape, dtype=np.int64))
+        piece = buffer[offset:offset + count].reshape(shape)
+        offset += count
+        out.append(from_wire(piece, dtype))
+    return out
+
+
+def from_wire(piece: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A result in the caller's dtype: inverse of :func:`as_dtype` (a view for uint8→bool)."""
+    if piece.dtype == dtype:
+        return piece
+    return piece.view(np.bool_) if dtype.kind == "b" else piece.astype(dtype)
+
+
+def byte_layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
+    """Offsets of leaves in a byte pack (each aligned to ``ALIGN``) and the pack's total size."""
+    offsets, total = [], 0
+    for n in nbytes:
+        offsets.append(total)
+        total += -(-n // ALIGN) * ALIGN
+    return offsets, total
+
+
+def bytes_of(array: np.ndarray) -> np.ndarray:
+    """A contiguous array's memory as a 1-D uint8 view."""
+    return array.reshape(-1).view(np.uint8)

@@ -1,0 +1,57 @@
+"""reduce_scatter: reduce all ranks' values, then rank r keeps block r of axis 0.
+
+Axis 0 of each leaf is cut into ``size`` blocks as ``numpy.array_split`` does: the first
+``n % size`` blocks get one extra row, so any length works.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import packing
+from .allreduce import signature  # same agreement fields: dtypes and full shapes
+from .allgather import validate
+from .ops import Op, finish_mean, mpi_op, wire_dtype
+
+__all__ = ["signature", "validate", "run", "block_rows"]
+
+
+def block_rows(n: int, size: int) -> np.ndarray:
+    """Rows of each rank's block when ``n`` rows are cut into ``size`` blocks."""
+    rows = np.full(size, n // size, dtype=np.int64)
+    rows[: n % size] += 1
+    return rows
+
+
+def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
+    size, rank = ctx.size, ctx.topo.rank
+    wires = [wire_dtype(a.dtype, op, ctx.where, f"leaf {i} of `value`") for i, a in enumerate(arrays)]
+    rows = [block_rows(a.shape[0], size) for a in arrays]
+    row_elems = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    nbytes = [a.size * w.itemsize for a, w in zip(arrays, wires)]
+    for pack in ctx.plan(nbytes, [a.dtype for a in arrays]):
+        wire = wires[pack[0]]
+        elems = np.array([[rows[i][r] * row_elems[i] for i in pack] for r in range(size)], dtype=np.int64)
+        counts = elems.sum(axis=1)
+        if len(pack) == 1:  # rank-major already
+            send = packing.as_dtype(arrays[pack[0]], wire).reshape(-1)
+        else:
+            send = np.empty(int(counts.sum()), dtype=wire)
+            at = 0
+            starts = [np.concatenate([[0], np.cumsum(rows[i])]) for i in pack]
+            for r in range(size):
+                for j, i in enumerate(pack):
+                    block = arrays[i][starts[j][r]:starts[j][r + 1]].reshape(-1)
+                    send[at:at + block.size] = block
+                    at += block.size
+        recv = np.empty(int(counts[rank]), dtype=wire)
+        ctx.algorithm(send.nbytes).reduce_scatter(ctx, send, recv, counts, mpi_op(op, arrays[pack[0]].dtype))
+        if op is Op.MEAN:
+            finish_mean(recv, size)
+        at = 0
+        for j, i in enumerate(pack):
+            a = arrays[i]
+            block = recv[at:at + elems[rank, j]].reshape((int(rows[i][rank]),) + a.shape[1:])
+            at += elems[rank, j]
+            results[i] = packing.from_wire(block, a.dtype)
+    return results
