@@ -2,7 +2,7 @@
 
 A collective's signature (kind, op, root, structure, dtypes, shapes, packing and algorithm
 settings) is hashed to 62 bits, cached per signature, and exchanged with one 16-byte
-``Allreduce(MIN)`` of ``[h, -h]``: every rank learns min and max of all hashes at once, so all
+non-blocking ``Iallreduce(MIN)`` of ``[h, -h]``: every rank learns min and max of all hashes at once, so all
 ranks see a mismatch together. Then, and only then, the ranks exchange readable descriptions and
 raise :class:`CollectiveMismatchError` naming what each rank sent. The exchange is the same MPI
 call for every kind of collective, so even ranks in different collectives meet in it.
@@ -30,13 +30,13 @@ def signature_hash(key: tuple, cache: dict[tuple, int]) -> int:
     return h
 
 
-def agree(comm: MPI.Intracomm, call: Callable[..., None], key: tuple, cache: dict[tuple, int],
+def agree(comm: MPI.Intracomm, call: Any, key: tuple, cache: dict[tuple, int],
           describe: Callable[[tuple], str], where: str) -> None:
     """Raise CollectiveMismatchError on every rank unless all ranks passed an equal ``key``."""
     h = signature_hash(key, cache)
     mine = np.array([h, -h], dtype=np.int64)
     both = np.empty(2, dtype=np.int64)
-    call(comm, "Allreduce", mine, both, MPI.MIN)
+    call.nonblocking(comm, "Allreduce", mine, both, MPI.MIN)
     if both[0] == h and -both[1] == h:
         return
     descriptions = comm.allgather(describe(key))

@@ -1,8 +1,11 @@
 """Issuing the MPI calls of one logical collective, blocking or against a deadline.
 
-Without a deadline each step is the blocking MPI call. With ``timeout_seconds`` each step is the
-non-blocking variant (``Iallreduce``, ``Ibcast`` …) polled until the deadline of the whole
-logical collective. When the deadline passes, the request is abandoned (its buffers are kept
+Without a deadline each data step is the blocking MPI call. With ``timeout_seconds`` each step is
+the non-blocking variant (``Iallreduce``, ``Ibcast`` …) polled until the deadline of the whole
+logical collective. MPI never matches a blocking collective with a non-blocking one, so steps
+that must meet whatever the ranks' deadlines (the agreement exchange, barrier) always use the
+non-blocking variant (:meth:`Caller.nonblocking`); the agreement includes whether a deadline is
+set, so ranks that differ there get a mismatch error rather than a hang. When the deadline passes, the request is abandoned (its buffers are kept
 alive, since MPI may still write into them), the owning engine marks itself broken and
 ``DeadlineExceededError`` is raised.
 
@@ -41,14 +44,21 @@ class Caller:
     def __call__(self, comm: MPI.Comm, name: str, *args: Any) -> None:
         if self.deadline is None:
             getattr(comm, name)(*args)
-            return
+        else:
+            self.nonblocking(comm, name, *args)
+
+    def nonblocking(self, comm: MPI.Comm, name: str, *args: Any) -> None:
+        """Run the non-blocking variant of ``comm.<name>`` and wait for it (up to the deadline)."""
         request = getattr(comm, "I" + name.lower())(*args)
+        if self.deadline is None:
+            request.Wait()
+            return
         if not _wait(request, self.deadline):
             _abandon(request, args, self.what)
             message = (f"{self.what}: not finished within timeout_seconds={self.timeout:g}: at least one of "
                        f"the {comm.Get_size()} ranks taking part has not reached this collective "
                        f"(MPI step {name}). This communicator now refuses further collectives.")
-            self.on_expire(message)
+            self.on_expire(f"{self.what} did not finish within timeout_seconds={self.timeout:g}")
             raise deadline_exceeded(message)
 
 

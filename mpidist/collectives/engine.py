@@ -126,7 +126,7 @@ class Engine:
         """Wait until every rank has called barrier (under the same deadline rules)."""
         self._check_usable("barrier")
         timeout = self._check_timeout(timeout_seconds, "barrier")
-        Caller("barrier", timeout, self._break)(self.topology.comm, "Barrier")
+        Caller("barrier", timeout, self._break).nonblocking(self.topology.comm, "Barrier")
 
     def close(self) -> None:
         """Free the engine's communicators (collective). The caller's communicator is untouched."""
@@ -151,7 +151,7 @@ class Engine:
         ctx = _Call(where, self.topology, call, alg, bpp, npk)
         if rc.check_agreement:
             key = (where, op_root, nest.structure_key(tree), module.signature(host_arrays),
-                   alg, ctx.threshold if alg == "auto" else None, bpp, npk)
+                   alg, ctx.threshold if alg == "auto" else None, bpp, npk, timeout is not None)
             agreement.agree(self.topology.comm, call, key, self._hashes, _describe, where)
         results = module.run(ctx, host_arrays, **params)
         if results is None:
@@ -199,7 +199,7 @@ class Engine:
 
 
 def _describe(key: tuple) -> str:
-    where, (op, root), structure, leaves, alg, threshold, bpp, npk = key
+    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline = key
     parts = []
     if op is not None:
         parts.append(f"op={Op(op).name}")
@@ -213,4 +213,5 @@ def _describe(key: tuple) -> str:
         parts.append(f"structure={structure[:120]}")
     parts.append(f"algorithm={alg}" + (f"(threshold={threshold})" if threshold is not None else ""))
     parts.append(f"bytes_per_pack={bpp}" + (f", num_packs={npk}" if npk is not None else ""))
+    parts.append("with a deadline" if deadline else "no deadline")
     return f"{where}({', '.join(parts)})"

@@ -1,0 +1,41 @@
+"""Tests that start their own mpirun jobs (a stalled rank, the job's exit), each under a timeout."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+JOBS = pathlib.Path(__file__).parent / "jobs"
+
+
+def mpirun_command(n: int) -> list[str]:
+    exe = os.environ.get("MPITEST_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("no mpirun on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    flags = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"] if "Open MPI" in version else []
+    return [exe, "-n", str(n), *flags]
+
+
+class Job:
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float) -> None:
+        self.returncode, self.output, self.seconds = proc.returncode, proc.stdout + proc.stderr, seconds
+
+
+@pytest.fixture
+def mpirun():
+    def run(n: int, script: str, *args: str, timeout: float = 120, env: dict | None = None) -> Job:
+        environ = dict(os.environ, **(env or {}))
+        if os.geteuid() == 0:
+            environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = mpirun_command(n) + [sys.executable, str(JOBS / script), *args]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ,
+                              start_new_session=True)
+        return Job(proc, time.monotonic() - start)
+    return run

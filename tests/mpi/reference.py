@@ -1,0 +1,64 @@
+"""Inputs every rank can compute for every other rank, and NumPy references over all of them.
+
+Each rank's input depends only on (seed, rank), so a rank computes all ranks' inputs locally and
+compares the collective's result with NumPy applied to them: no communication in the reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64,
+          np.float16, np.float32, np.float64, np.complex64, np.complex128]
+OPS = ["sum", "mean", "min", "max", "prod"]
+ALGORITHMS = ["flat", "hierarchical", "auto"]
+SHAPES = {"scalar": (), "empty": (0,), "vector": (7,), "matrix": (3, 5)}
+
+
+def valid(dtype, op: str) -> bool:
+    kind = np.dtype(dtype).kind
+    return not (kind == "b" and op == "mean") and not (kind == "c" and op in ("min", "max"))
+
+
+def make(rank: int, dtype, shape, op: str = "sum", seed: int = 0) -> np.ndarray:
+    """Small integer-valued data, so every summation order gives the exact same result."""
+    rng = np.random.default_rng([seed, rank, len(shape), sum(shape)])
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return np.asarray(rng.random(shape) < 0.5)
+    if op == "prod":
+        choices = [1, 2] if dtype.kind == "u" else [-1, 1, 2]
+        values = rng.choice(choices, size=shape)
+    else:
+        values = rng.integers(0 if dtype.kind == "u" else -3, 4, size=shape)
+    if dtype.kind == "c":
+        values = values + 1j * (rng.integers(-3, 4, size=shape) if op != "prod" else 0)
+    return np.asarray(values).astype(dtype)
+
+
+def reduce_all(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    return np.asarray(_reduce_all(inputs, op))
+
+
+def _reduce_all(inputs: list[np.ndarray], op: str):
+    stack = np.stack(inputs)
+    dtype = stack.dtype
+    n = len(inputs)
+    if dtype.kind == "b":
+        fn = np.logical_or if op in ("sum", "max") else np.logical_and
+        return fn.reduce(stack, axis=0)
+    if op in ("sum", "mean"):
+        total = np.add.reduce(stack.astype(np.complex128 if dtype.kind == "c" else
+                                           np.float64 if dtype.kind == "f" else dtype), axis=0)
+        if op == "mean":
+            total = total / n if dtype.kind in "fc" else np.trunc(total / n)
+        return np.asarray(total).astype(dtype)
+    if op == "prod":
+        return np.multiply.reduce(stack, axis=0, dtype=dtype)
+    return (np.min if op == "min" else np.max)(stack, axis=0)
+
+
+def assert_same(result, expected) -> None:
+    assert isinstance(result, np.ndarray), type(result)
+    assert result.dtype == expected.dtype, (result.dtype, expected.dtype)
+    assert result.shape == expected.shape, (result.shape, expected.shape)
+    np.testing.assert_array_equal(result, expected)

@@ -1,0 +1,97 @@
+"""allreduce against NumPy over all ranks' inputs: every op, dtype, shape kind and algorithm."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import mpidist
+from reference import ALGORITHMS, DTYPES, OPS, SHAPES, assert_same, make, reduce_all, valid
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_op_dtype_shape(engine, dtype, op, algorithm):
+    if not valid(dtype, op):
+        with pytest.raises(TypeError, match="allreduce: leaf 0 of `value` has dtype"):
+            engine.allreduce({"a": make(engine.rank, dtype, (2,))}, op, algorithm=algorithm)
+        return
+    value = {name: make(engine.rank, dtype, shape, op) for name, shape in SHAPES.items()}
+    result = engine.allreduce(value, op, algorithm=algorithm)
+    assert list(result) == list(value)
+    for name, shape in SHAPES.items():
+        expected = reduce_all([make(r, dtype, shape, op) for r in range(engine.size)], op)
+        assert_same(result[name], expected)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_large_buffer_single_array(engine, algorithm, timeout):
+    # 1.2 MB: above the hierarchical threshold, so "auto" takes the hierarchical path on fake nodes
+    inputs = [make(r, np.float32, (300_001,)) for r in range(engine.size)]
+    result = engine.allreduce(inputs[engine.rank], "sum", algorithm=algorithm, timeout_seconds=timeout)
+    assert_same(result, reduce_all(inputs, "sum"))
+
+
+Pair = collections.namedtuple("Pair", "left right")
+PACKINGS = [dict(), dict(bytes_per_pack=1), dict(bytes_per_pack=300), dict(bytes_per_pack=1 << 20),
+            dict(num_packs=0), dict(num_packs=1), dict(num_packs=3)]
+
+
+def _nest(rank: int, op: str):
+    dtypes = [np.float32, np.float64, np.int32, np.float16, np.int8 if op == "mean" else np.bool_, np.int64]
+    leaves = [make(rank, dtypes[i % len(dtypes)], (i % 7, 3) if i % 5 else (i,), op, seed=i) for i in range(100)]
+    return {"layers": [Pair(leaves[i], leaves[i + 1]) for i in range(0, 60, 2)],
+            "bias": tuple(leaves[60:80]), "z": {str(i): leaves[i] for i in range(80, 100)}}
+
+
+@pytest.mark.parametrize("packing", PACKINGS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "auto")
+@pytest.mark.parametrize("op", ["sum", "max", "mean"])
+def test_many_tensor_nest(engine, packing, op):
+    mine = _nest(engine.rank, op)
+    result = engine.allreduce(mine, op, **packing)
+    leaves_in = [mpidist.collectives.nest.flatten(_nest(r, op))[0] for r in range(engine.size)]
+    leaves_out, tree = mpidist.collectives.nest.flatten(result)
+    assert mpidist.collectives.nest.structure_key(tree) == \
+        mpidist.collectives.nest.structure_key(mpidist.collectives.nest.flatten(mine)[1])
+    assert isinstance(result["layers"][0], Pair) and isinstance(result["bias"], tuple)
+    for i, out in enumerate(leaves_out):
+        assert_same(out, reduce_all([leaves[i] for leaves in leaves_in], op))
+
+
+def test_bool_mean_in_nest_is_refused(engine):
+    with pytest.raises(TypeError, match="op MEAN needs a numeric dtype"):
+        engine.allreduce([np.ones(2), np.ones(2, bool)], "mean")
+
+
+def test_python_and_numpy_scalars_keep_their_type(engine):
+    n = engine.size
+    out = engine.allreduce({"f": 1.5, "i": 2, "b": engine.rank == 0, "np": np.float32(0.5), "c": 1j})
+    assert out == {"f": 1.5 * n, "i": 2 * n, "b": True, "np": np.float32(0.5 * n), "c": 1j * n}
+    assert type(out["f"]) is float and type(out["i"]) is int and type(out["b"]) is bool
+    assert type(out["np"]) is np.float32 and type(out["c"]) is complex
+
+
+def test_non_contiguous_input(engine):
+    inputs = [(np.arange(40, dtype=np.float64) * (r + 1)).reshape(8, 5)[::2, 1::2] for r in range(engine.size)]
+    assert not inputs[engine.rank].flags.c_contiguous
+    assert_same(engine.allreduce(inputs[engine.rank]), reduce_all(inputs, "sum"))
+
+
+def test_input_is_not_modified(engine):
+    x = make(engine.rank, np.float32, (1000,))
+    before = x.copy()
+    engine.allreduce(x, "mean")
+    engine.allreduce([x, x], "sum")
+    np.testing.assert_array_equal(x, before)
+
+
+def test_op_names_and_enum(engine):
+    x = np.array([engine.rank + 1.0])
+    assert engine.allreduce(x, "SUM")[0] == engine.allreduce(x, mpidist.Op.SUM)[0] == \
+        sum(range(1, engine.size + 1))
+    assert engine.allreduce(x, "Product")[0] == np.prod(np.arange(1, engine.size + 1))

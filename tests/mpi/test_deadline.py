@@ -1,0 +1,59 @@
+"""timeout_seconds: a late rank gives DeadlineExceededError on the ranks that waited, then refusal.
+
+The late rank here does arrive (after the deadline) at a collective of one MPI step (agreement
+off, flat algorithm), so the abandoned request completes and the job goes on; a late rank in a
+collective of several steps would wait in the step the others never issue. tests/launch covers
+ranks that never arrive and the job's exit.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import mpidist
+from mpidist.collectives import deadline
+from mpidist.errors import CommunicatorBrokenError, DeadlineExceededError
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "barrier"])
+def test_late_rank(comm, collective):
+    engine = mpidist.Engine(comm)
+    settings = mpidist.rc.override(check_agreement=False, algorithm="flat")
+    settings.__enter__()
+    late = engine.size - 1
+    x = np.ones(4)
+    run = {"allreduce": lambda **kw: engine.allreduce(x, **kw),
+           "broadcast": lambda **kw: engine.broadcast(x, root=late, **kw),  # non-roots wait for the root
+           "barrier": lambda **kw: engine.barrier(**kw)}[collective]
+    if engine.rank == late:
+        time.sleep(1.5)
+        run(timeout_seconds=30)  # completes: the others' abandoned requests are still posted
+    else:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceededError, match=f"{collective}: not finished within timeout_seconds=0.5"):
+            run(timeout_seconds=0.5)
+        assert time.monotonic() - start >= 0.5
+        with pytest.raises(CommunicatorBrokenError, match="refuses collectives because"):
+            engine.allreduce(x)
+        while deadline.pending():  # the late rank's arrival completes the abandoned request
+            time.sleep(0.01)
+    settings.__exit__(None, None, None)
+    comm.Barrier()
+
+
+def test_default_timeout_from_rc(comm):
+    engine = mpidist.Engine(comm)
+    with mpidist.rc.override(timeout_seconds=30):
+        assert engine.allreduce(np.ones(2))[0] == engine.size  # finishes well within the deadline
+
+
+def test_deadline_on_some_ranks_only_is_a_mismatch_not_a_hang(comm):
+    engine = mpidist.Engine(comm)
+    timeout = 30 if engine.rank == 0 else None
+    with pytest.raises(mpidist.errors.CollectiveMismatchError, match="rank 0: allreduce.*with a deadline"):
+        engine.allreduce(np.ones(2), timeout_seconds=timeout)
+    assert engine.allreduce(np.ones(2), timeout_seconds=30)[0] == engine.size

@@ -1,0 +1,98 @@
+"""Imports flow one way: topology → collectives → cross-device → values → strategies → input/keras →
+the public namespace. A lower layer never imports a higher one, nor TensorFlow/CuPy at import time."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpidist"
+LAYERS = {  # first dotted component after "mpidist." -> layer; unknown names are the top layer
+    "_version": 0, "errors": 0, "_config": 0,
+    "topology": 1, "collectives": 2, "cross_device": 3, "values": 4, "strategies": 5,
+    "input": 6, "keras": 6, "tensorflow": 6, "horovod": 6,
+}
+TOP = 9
+HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts.pop()
+        yield ".".join(parts), is_pkg, path
+
+
+def imports(name: str, is_pkg: bool, tree: ast.AST):
+    """(imported module, at module level?) for every import statement in the module."""
+    package = name if is_pkg else name.rsplit(".", 1)[0]
+    top_level = {id(n) for n in ast.walk(tree) if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    nested = {id(x) for f in funcs for x in ast.walk(f) if x is not f}
+    for node in ast.walk(tree):
+        module_level = id(node) in top_level and id(node) not in nested
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, module_level
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            if node.module is None or (node.level and stem.count(".") < 1):
+                for alias in node.names:
+                    yield f"{stem}.{alias.name}", module_level
+            else:
+                yield stem, module_level
+                for alias in node.names:  # "from .x import y" may import submodule y
+                    if (ROOT.parent / (stem + "." + alias.name).replace(".", "/")).with_suffix(".py").exists():
+                        yield f"{stem}.{alias.name}", module_level
+
+
+ALL = list(modules())
+
+
+@pytest.mark.parametrize("name, is_pkg, path", ALL, ids=[m[0] for m in ALL])
+def test_no_upward_or_heavy_imports(name, is_pkg, path):
+    own = layer(name)
+    for target, module_level in imports(name, is_pkg, ast.parse(path.read_text())):
+        if target == "mpidist" or target.startswith("mpidist."):
+            if name.split(".")[:2] == target.split(".")[:2]:
+                continue  # inside its own layer
+            assert layer(target) <= own, f"{name} (layer {own}) imports {target} (layer {layer(target)})"
+        elif own < TOP and module_level:
+            assert target.split(".")[0] not in HEAVY, f"{name} imports {target} at import time"
+
+
+def test_layer_map_catches_an_upward_import():
+    tree = ast.parse("from ..strategies import x\nimport tensorflow")
+    found = list(imports("mpidist.collectives.engine", False, tree))
+    assert ("mpidist.strategies", True) in found and ("tensorflow", True) in found
+    assert layer("mpidist.strategies") > layer("mpidist.collectives.engine")
+
+
+def test_import_and_use_without_tensorflow():
+    code = ("import sys, numpy as np, mpidist\n"
+            "e = mpidist.Engine()\n"
+            "assert e.allreduce({'a': np.ones(3)}, 'mean')['a'].tolist() == [1, 1, 1]\n"
+            "heavy = [m for m in ('tensorflow', 'keras', 'cupy') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_modules_stay_small():
+    big = {name: n for name, _, path in ALL if (n := len(path.read_text().splitlines())) > 450}
+    assert not big, f"split these modules by topic: {big}"
