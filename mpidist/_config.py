@@ -82,6 +82,9 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "check_agreement": (True, _flag,
                         "before data moves, check that every rank issues the same collective "
                         "(costs one 16-byte allreduce)"),
+    "buffer_pool_bytes": (512 << 20, _nonneg_int,
+                          "result buffers of 256 KiB and more are recycled once the caller drops them, "
+                          "up to this many bytes in all (0: always allocate)"),
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None = wait forever"),
 }
@@ -90,10 +93,9 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
 class Settings:
     """The ``mpidist.rc`` settings object; see the module docstring."""
 
-    __slots__ = ("_values",)
+    __slots__ = tuple(_SPECS)  # plain attribute reads: the engine reads settings on every call
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        object.__setattr__(self, "_values", {})
         self.reset(environ)
 
     def reset(self, environ: Mapping[str, str] | None = None) -> None:
@@ -109,19 +111,16 @@ class Settings:
             key = _PREFIX + name.upper()
             if key in env:
                 values[name] = parse(key, env[key])
-        self._values.clear()
-        self._values.update(values)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}") from None
+    def __getattr__(self, name: str) -> Any:  # only reached for names that are not settings
+        raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _SPECS:
             raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}")
-        self._values[name] = _SPECS[name][1](name, value)
+        object.__setattr__(self, name, _SPECS[name][1](name, value))
 
     def __call__(self, **kwargs: Any) -> None:
         """Set several settings at once: ``rc(algorithm="flat", bytes_per_pack=1 << 20)``."""
@@ -131,16 +130,16 @@ class Settings:
     @contextlib.contextmanager
     def override(self, **kwargs: Any) -> Iterator["Settings"]:
         """Change settings inside a ``with`` block; restores the previous values on exit."""
-        saved = dict(self._values)
+        saved = self.as_dict()
         try:
             self(**kwargs)
             yield self
         finally:
-            self._values.clear()
-            self._values.update(saved)
+            for name, value in saved.items():
+                object.__setattr__(self, name, value)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
+        return {name: getattr(self, name) for name in _SPECS}
 
     @staticmethod
     def describe() -> dict[str, str]:
@@ -148,7 +147,7 @@ class Settings:
         return {name: spec[2] for name, spec in _SPECS.items()}
 
     def __repr__(self) -> str:
-        return "rc(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+        return "rc(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
 
 rc = Settings()

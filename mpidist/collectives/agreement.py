@@ -34,13 +34,26 @@ def agree(comm: MPI.Intracomm, call: Any, key: tuple, cache: dict[tuple, int],
           describe: Callable[[tuple], str], where: str) -> None:
     """Raise CollectiveMismatchError on every rank unless all ranks passed an equal ``key``."""
     h = signature_hash(key, cache)
-    mine = np.array([h, -h], dtype=np.int64)
     both = np.empty(2, dtype=np.int64)
-    call.nonblocking(comm, "Allreduce", mine, both, MPI.MIN)
-    if both[0] == h and -both[1] == h:
+    call.nonblocking(comm, "Allreduce", _pair(h), both, MPI.MIN)
+    if both.tolist() == [h, -h]:
         return
     descriptions = comm.allgather(describe(key))
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
+
+
+_pairs: dict[int, np.ndarray] = {}
+
+
+def _pair(h: int) -> np.ndarray:
+    """The read-only send buffer ``[h, -h]``, built once per signature."""
+    pair = _pairs.get(h)
+    if pair is None:
+        if len(_pairs) > 4096:
+            _pairs.clear()
+        pair = _pairs[h] = np.array([h, -h], dtype=np.int64)
+        pair.flags.writeable = False
+    return pair
 
 
 def mismatch_message(where: str, descriptions: list[Any]) -> str:

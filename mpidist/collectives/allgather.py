@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import packing
+from . import buffers, packing
+
+_BYTE = np.dtype(np.uint8)
 
 
 def signature(arrays: list[np.ndarray]) -> tuple:
-    return tuple((a.dtype.str, ("?",) + a.shape[1:]) for a in arrays)
+    return tuple([(a.dtype.char, ("?",) + a.shape[1:]) for a in arrays])
 
 
 def validate(arrays: list[np.ndarray], where: str) -> None:
@@ -33,16 +35,16 @@ def run(ctx, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if len(pack) == 1:
             i = pack[0]
             a = arrays[i]
-            recv = np.empty(int(seg[:, i].sum()), dtype=np.uint8)
+            recv = buffers.empty(int(seg[:, i].sum()), _BYTE)
             ctx.algorithm(recv.nbytes).allgatherv(ctx, packing.bytes_of(a), recv, seg[:, i].copy())
             results[i] = recv.view(a.dtype).reshape((int(rows[:, i].sum()),) + a.shape[1:])
             continue
         layouts = [packing.byte_layout(seg[r, pack].tolist()) for r in range(size)]
         counts = np.array([total for _, total in layouts], dtype=np.int64)
-        send = np.empty(int(counts[rank]), dtype=np.uint8)
+        send = buffers.empty(int(counts[rank]), _BYTE)
         for i, at in zip(pack, layouts[rank][0]):
             send[at:at + seg[rank, i]] = packing.bytes_of(arrays[i])
-        recv = np.empty(int(counts.sum()), dtype=np.uint8)
+        recv = buffers.empty(int(counts.sum()), _BYTE)
         ctx.algorithm(recv.nbytes).allgatherv(ctx, send, recv, counts)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         for j, i in enumerate(pack):

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import packing
+from . import buffers, packing
+
+_BYTE = np.dtype(np.uint8)
+
+
+validate = None  # nothing to check beyond what every collective checks
 
 
 def signature(arrays: list[np.ndarray]) -> tuple:
-    return tuple((a.dtype.str, a.shape) for a in arrays)
+    return tuple([(a.dtype.char, a.shape) for a in arrays])
 
 
 def run(ctx, arrays: list[np.ndarray], root: int) -> list[np.ndarray]:
@@ -20,13 +25,13 @@ def run(ctx, arrays: list[np.ndarray], root: int) -> list[np.ndarray]:
     for pack in ctx.plan(nbytes, [0] * len(arrays)):
         if len(pack) == 1:
             i = pack[0]
-            buf = packing.bytes_of(arrays[i]) if is_root else np.empty(nbytes[i], dtype=np.uint8)
+            buf = packing.bytes_of(arrays[i]) if is_root else buffers.empty(nbytes[i], _BYTE)
             ctx.algorithm(nbytes[i]).bcast(ctx, buf, root)
             if not is_root:
                 results[i] = buf.view(arrays[i].dtype).reshape(arrays[i].shape)
             continue
         offsets, total = packing.byte_layout([nbytes[i] for i in pack])
-        buf = np.empty(total, dtype=np.uint8)
+        buf = buffers.empty(total, _BYTE)
         if is_root:
             for i, at in zip(pack, offsets):
                 buf[at:at + nbytes[i]] = packing.bytes_of(arrays[i])

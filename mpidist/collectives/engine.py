@@ -138,25 +138,34 @@ class Engine:
     def _run(self, where: str, module: ModuleType, value: Any, op_root: tuple, params: dict,
              bytes_per_pack: int | None, num_packs: int | None, algorithm: str | None,
              timeout_seconds: float | None) -> Any:
-        self._check_usable(where)
-        bpp, npk, alg = self._check_packing(where, bytes_per_pack, num_packs, algorithm)
-        timeout = self._check_timeout(timeout_seconds, where)
-        leaves, tree = nest.flatten(value)
-        hosts = [arrays.to_host(leaf, where, i) for i, leaf in enumerate(leaves)]
-        host_arrays = [h[0] for h in hosts]
-        validate = getattr(module, "validate", None)
-        if validate is not None:
-            validate(host_arrays, where)
+        if self._broken is not None:
+            self._check_usable(where)
+        if bytes_per_pack is None and num_packs is None and algorithm is None:  # hot path: defaults
+            bpp, npk, alg = rc.bytes_per_pack, None, rc.algorithm
+        else:
+            bpp, npk, alg = self._check_packing(where, bytes_per_pack, num_packs, algorithm)
+        timeout = rc.timeout_seconds if timeout_seconds is None else self._check_timeout(timeout_seconds, where)
+        if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
+            leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
+        else:
+            leaves, tree = nest.flatten(value)
+            hosts = [arrays.to_host(leaf, where, i) for i, leaf in enumerate(leaves)]
+            host_arrays, adapters = [h[0] for h in hosts], [h[1] for h in hosts]
+        if module.validate is not None:
+            module.validate(host_arrays, where)
         call = Caller(where, timeout, self._break)
         ctx = _Call(where, self.topology, call, alg, bpp, npk)
         if rc.check_agreement:
-            key = (where, op_root, nest.structure_key(tree), module.signature(host_arrays),
-                   alg, ctx.threshold if alg == "auto" else None, bpp, npk, timeout is not None)
+            key = (where, op_root, "*" if tree is nest.LEAF else nest.structure_key(tree),
+                   module.signature(host_arrays), alg, ctx.threshold if alg == "auto" else None, bpp, npk,
+                   timeout is not None)
             agreement.agree(self.topology.comm, call, key, self._hashes, _describe, where)
         results = module.run(ctx, host_arrays, **params)
         if results is None:
             return None
-        return nest.unflatten(tree, [arrays.from_host(r, h[1], leaf) for r, h, leaf in zip(results, hosts, leaves)])
+        if adapters is None:
+            return results[0]
+        return nest.unflatten(tree, [arrays.from_host(r, a, leaf) for r, a, leaf in zip(results, adapters, leaves)])
 
     def _break(self, reason: str) -> None:
         self._broken = reason

@@ -25,13 +25,16 @@ class Op(enum.Enum):
 
 
 _ALIASES = {"product": "prod", "avg": "mean", "average": "mean"}
+_KNOWN: dict[Any, Op] = {**{o: o for o in Op}, **{o.value: o for o in Op}, **{o.name: o for o in Op}}
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex
 
 
 def parse_op(op: Any, where: str) -> Op:
     """``op`` as an :class:`Op`: an Op, a name ("sum", "SUM", "Mean"), or an enum whose value is one."""
-    if isinstance(op, Op):
-        return op
+    try:
+        return _KNOWN[op]
+    except (KeyError, TypeError):
+        pass
     name = op.value if isinstance(op, enum.Enum) else op
     if isinstance(name, str):
         text = name.strip().lower()
@@ -69,6 +72,17 @@ _BOOL_OPS = {Op.SUM: MPI.MAX, Op.MAX: MPI.MAX, Op.PROD: MPI.MIN, Op.MIN: MPI.MIN
 def mpi_op(op: Op, dtype: np.dtype) -> MPI.Op:
     """The MPI operation for ``op`` on data of (original) ``dtype``."""
     return _BOOL_OPS[op] if dtype.kind == "b" else _MPI_OPS[op]
+
+
+_rules: dict[tuple[np.dtype, Op], tuple[np.dtype, MPI.Op]] = {}
+
+
+def rules(dtype: np.dtype, op: Op, where: str, what: str) -> tuple[np.dtype, MPI.Op]:
+    """``(wire dtype, MPI op)`` for reducing ``dtype`` with ``op`` (cached; errors as wire_dtype)."""
+    found = _rules.get((dtype, op))
+    if found is None:
+        found = _rules[(dtype, op)] = (wire_dtype(dtype, op, where, what), mpi_op(op, dtype))
+    return found
 
 
 def finish_mean(buffer: np.ndarray, count: int) -> None:

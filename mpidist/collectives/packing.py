@@ -12,9 +12,12 @@ fused into packs of up to ``AUTO_PACK_BYTES``. ``bytes_per_pack=B`` packs greedi
 """
 from __future__ import annotations
 
+import math
 from typing import Hashable, Sequence
 
 import numpy as np
+
+from . import buffers
 
 ALONE_BYTES = 64 * 1024
 AUTO_PACK_BYTES = 4 * 1024 * 1024
@@ -82,14 +85,14 @@ def pack(arrays: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
     if len(arrays) == 1:
         return as_dtype(arrays[0], dtype).reshape(-1)
     flat = [as_dtype(a, dtype).reshape(-1) for a in arrays]
-    return np.concatenate(flat)
+    return np.concatenate(flat, out=buffers.empty(sum(a.size for a in flat), dtype))
 
 
 def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> list[np.ndarray]:
     """Split a buffer from :func:`pack` back into arrays (views where the dtype already matches)."""
     out, offset = [], 0
     for shape, dtype in zip(shapes, dtypes):
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         piece = buffer[offset:offset + count].reshape(shape)
         offset += count
         out.append(from_wire(piece, dtype))

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import packing
+from . import buffers, packing
 from .allreduce import signature  # same agreement fields: dtypes and full shapes
 from .ops import Op, finish_mean, mpi_op, wire_dtype
 
-__all__ = ["signature", "run"]
+__all__ = ["signature", "validate", "run"]
+
+validate = None  # nothing to check beyond what every collective checks
 
 
 def run(ctx, arrays: list[np.ndarray], op: Op, root: int) -> list[np.ndarray] | None:
@@ -18,7 +20,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op, root: int) -> list[np.ndarray] | 
     for pack in ctx.plan(nbytes, [a.dtype for a in arrays]):
         first = arrays[pack[0]]
         send = packing.pack([arrays[i] for i in pack], wires[pack[0]])
-        recv = np.empty_like(send) if is_root else None
+        recv = buffers.empty_like(send) if is_root else None
         ctx.algorithm(send.nbytes).reduce(ctx, send, recv, mpi_op(op, first.dtype), root)
         if recv is None:
             continue

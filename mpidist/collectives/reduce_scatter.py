@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import packing
+from . import buffers, packing
 from .allreduce import signature  # same agreement fields: dtypes and full shapes
 from .allgather import validate
 from .ops import Op, finish_mean, mpi_op, wire_dtype
@@ -36,7 +36,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
         if len(pack) == 1:  # rank-major already
             send = packing.as_dtype(arrays[pack[0]], wire).reshape(-1)
         else:
-            send = np.empty(int(counts.sum()), dtype=wire)
+            send = buffers.empty(int(counts.sum()), wire)
             at = 0
             starts = [np.concatenate([[0], np.cumsum(rows[i])]) for i in pack]
             for r in range(size):
@@ -44,7 +44,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
                     block = arrays[i][starts[j][r]:starts[j][r + 1]].reshape(-1)
                     send[at:at + block.size] = block
                     at += block.size
-        recv = np.empty(int(counts[rank]), dtype=wire)
+        recv = buffers.empty(int(counts[rank]), wire)
         ctx.algorithm(send.nbytes).reduce_scatter(ctx, send, recv, counts, mpi_op(op, arrays[pack[0]].dtype))
         if op is Op.MEAN:
             finish_mean(recv, size)

@@ -95,3 +95,15 @@ def test_op_names_and_enum(engine):
     assert engine.allreduce(x, "SUM")[0] == engine.allreduce(x, mpidist.Op.SUM)[0] == \
         sum(range(1, engine.size + 1))
     assert engine.allreduce(x, "Product")[0] == np.prod(np.arange(1, engine.size + 1))
+
+
+def test_large_results_kept_alive_are_never_recycled(engine):
+    """Result buffers are pooled; one still referenced (or viewed) must never be handed out again."""
+    n = engine.size
+    kept = [engine.allreduce(np.full(100_000, i, dtype=np.float32)) for i in range(4)]
+    view = engine.allreduce(np.full(100_000, 9, dtype=np.float32))[5:10]
+    for _ in range(3):
+        engine.allreduce(np.full(100_000, -1, dtype=np.float32))  # dropped at once: recycled
+    for i, result in enumerate(kept):
+        assert (result == i * n).all()
+    assert (view == 9 * n).all()

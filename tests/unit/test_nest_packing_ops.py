@@ -105,3 +105,22 @@ def test_integer_mean_truncates_toward_zero():
     u = np.array([7], dtype=np.uint8)
     finish_mean(u, 2)
     assert u.tolist() == [3]
+
+
+def test_buffer_pool_reuses_only_dropped_blocks():
+    from mpidist.collectives import buffers
+    n = buffers.MIN_BYTES // 4
+    a = buffers.empty(n, np.dtype(np.float32))
+    a[:] = 1
+    view = a[10:20]
+    address = a.__array_interface__["data"][0]
+    del a
+    b = buffers.empty(n, np.dtype(np.float32))  # a view of the first block is alive: new block
+    assert b.__array_interface__["data"][0] != address
+    b[:] = 2
+    assert (view == 1).all()
+    del view
+    c = buffers.empty(n, np.dtype(np.int32))  # first block now free: reused, any dtype
+    assert c.__array_interface__["data"][0] == address
+    small = buffers.empty(10, np.dtype(np.float64))
+    assert small.base is None  # small requests are plain allocations

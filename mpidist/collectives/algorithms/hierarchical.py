@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .. import buffers
 from .flat import displacements
 
 
@@ -40,7 +41,7 @@ def bcast(ctx, buf: np.ndarray, root: int) -> None:
 def reduce(ctx, send: np.ndarray, recv: np.ndarray | None, op: MPI.Op, root: int) -> None:
     topo, call = ctx.topo, ctx.call
     root_node, root_local = _root_place(topo, root)
-    partial = np.empty_like(send) if topo.local_rank == 0 else None
+    partial = buffers.empty_like(send) if topo.local_rank == 0 else None
     call(topo.local, "Reduce", send, partial, op, 0)
     if topo.leaders is not None and topo.num_nodes > 1:
         at_root_leader = topo.node_index == root_node
@@ -65,11 +66,11 @@ def allgatherv(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> N
     ordered = [r for ranks in topo.node_ranks for r in ranks]
     contiguous = ordered == list(range(topo.size))
     if topo.local_rank == 0:
-        node_buf = np.empty(int(node_counts.sum()), dtype=np.uint8)
+        node_buf = buffers.empty(int(node_counts.sum()), recv.dtype)
         call(topo.local, "Gatherv", send, [node_buf, (node_counts, displacements(node_counts)), MPI.BYTE], 0)
         if topo.num_nodes > 1:
             totals = np.array([counts[list(r)].sum() for r in topo.node_ranks], dtype=counts.dtype)
-            whole = recv if contiguous else np.empty_like(recv)
+            whole = recv if contiguous else buffers.empty_like(recv)
             call(topo.leaders, "Allgatherv", node_buf, [whole, (totals, displacements(totals)), MPI.BYTE])
             if not contiguous:
                 at = 0
@@ -86,7 +87,7 @@ def allgatherv(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> N
 def reduce_scatter(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, op: MPI.Op) -> None:
     topo, call = ctx.topo, ctx.call
     ordered = [r for ranks in topo.node_ranks for r in ranks]
-    total = np.empty_like(send)
+    total = buffers.empty_like(send)
     if ordered != list(range(topo.size)):  # nodes not in rank blocks: reduce everything, keep ours
         allreduce(ctx, send, total, op)
         start = int(displacements(counts)[topo.rank])
@@ -96,7 +97,7 @@ def reduce_scatter(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, 
     call(topo.local, "Reduce", send, total if topo.local_rank == 0 else None, op, 0)
     if topo.local_rank == 0:
         totals = np.array([counts[list(r)].sum() for r in topo.node_ranks], dtype=counts.dtype)
-        node_part = np.empty(int(totals[topo.node_index]), dtype=send.dtype)
+        node_part = buffers.empty(int(totals[topo.node_index]), send.dtype)
         if topo.num_nodes > 1:
             call(topo.leaders, "Reduce_scatter", total, node_part, totals, op)
         else:
