@@ -93,7 +93,7 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
 class Settings:
     """The ``mpidist.rc`` settings object; see the module docstring."""
 
-    __slots__ = tuple(_SPECS)  # plain attribute reads: the engine reads settings on every call
+    __slots__ = tuple(_SPECS) + ("generation",)  # plain attribute reads: the engine reads them every call
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.reset(environ)
@@ -113,6 +113,11 @@ class Settings:
                 values[name] = parse(key, env[key])
         for name, value in values.items():
             object.__setattr__(self, name, value)
+        self._changed()
+
+    def _changed(self) -> None:
+        """Count changes, so caches of anything derived from settings know when to rebuild."""
+        object.__setattr__(self, "generation", getattr(self, "generation", 0) + 1)
 
     def __getattr__(self, name: str) -> Any:  # only reached for names that are not settings
         raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}")
@@ -121,6 +126,7 @@ class Settings:
         if name not in _SPECS:
             raise AttributeError(f"mpidist.rc has no setting {name!r}; known: {', '.join(_SPECS)}")
         object.__setattr__(self, name, _SPECS[name][1](name, value))
+        self._changed()
 
     def __call__(self, **kwargs: Any) -> None:
         """Set several settings at once: ``rc(algorithm="flat", bytes_per_pack=1 << 20)``."""
@@ -137,6 +143,7 @@ class Settings:
         finally:
             for name, value in saved.items():
                 object.__setattr__(self, name, value)
+            self._changed()
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SPECS}

@@ -36,8 +36,20 @@ def agree(comm: MPI.Intracomm, call: Any, key: tuple, cache: dict[tuple, int],
     h = signature_hash(key, cache)
     both = np.empty(2, dtype=np.int64)
     call.nonblocking(comm, "Allreduce", _pair(h), both, MPI.MIN)
-    if both.tolist() == [h, -h]:
-        return
+    if both.tolist() != [h, -h]:
+        report(comm, key, describe, where)
+
+
+def agree_blocking(comm: MPI.Intracomm, h: int, key: tuple, describe: Callable[[tuple], str], where: str) -> None:
+    """:func:`agree` for a known hash without a deadline (the engine's cached fast path)."""
+    both = np.empty(2, dtype=np.int64)
+    comm.Iallreduce(_pair(h), both, MPI.MIN).Wait()
+    if both.tolist() != [h, -h]:
+        report(comm, key, describe, where)
+
+
+def report(comm: MPI.Intracomm, key: tuple, describe: Callable[[tuple], str], where: str) -> None:
+    """All ranks saw different hashes: exchange descriptions and raise, on every rank."""
     descriptions = comm.allgather(describe(key))
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
 

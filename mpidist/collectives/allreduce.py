@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import buffers, packing
-from .ops import Op, finish_mean, mpi_op, rules, wire_dtype
+from .ops import Op, finish_mean, rules
 
 
 validate = None  # nothing to check beyond what every collective checks
@@ -14,27 +14,35 @@ def signature(arrays: list[np.ndarray]) -> tuple:
     return tuple([(a.dtype.char, a.shape) for a in arrays])
 
 
+def one(a: np.ndarray, wire: np.ndarray, mop, op: Op, size: int, transfer) -> np.ndarray:
+    """Allreduce of one contiguous array: ``transfer(send, recv)`` moves the data."""
+    send = packing.as_dtype(a, wire)
+    recv = buffers.empty_like(send)
+    transfer(send, recv)
+    if op is Op.MEAN:
+        finish_mean(recv, size)
+    return packing.from_wire(recv, a.dtype)
+
+
 def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
     if len(arrays) == 1:  # no plan, no pack: the caller's array is the send buffer
         a = arrays[0]
         wire, mop = rules(a.dtype, op, ctx.where, "leaf 0 of `value`")
-        send = packing.as_dtype(a, wire)
+        algorithm = ctx.algorithm(a.size * wire.itemsize)
+        return [one(a, wire, mop, op, ctx.size, lambda send, recv: algorithm.allreduce(ctx, send, recv, mop))]
+    dtypes = [a.dtype for a in arrays]
+    rule = {d: rules(d, op, ctx.where, f"leaf {dtypes.index(d)} of `value`") for d in set(dtypes)}
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    nbytes = [a.size * rule[d][0].itemsize for a, d in zip(arrays, dtypes)]
+    for pack in ctx.plan(nbytes, dtypes):
+        dtype = dtypes[pack[0]]
+        wire, mop = rule[dtype]
+        send = packing.pack([arrays[i] for i in pack], wire)
         recv = buffers.empty_like(send)
         ctx.algorithm(recv.nbytes).allreduce(ctx, send, recv, mop)
         if op is Op.MEAN:
             finish_mean(recv, ctx.size)
-        return [packing.from_wire(recv, a.dtype)]
-    wires = [wire_dtype(a.dtype, op, ctx.where, f"leaf {i} of `value`") for i, a in enumerate(arrays)]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
-    nbytes = [a.size * w.itemsize for a, w in zip(arrays, wires)]
-    for pack in ctx.plan(nbytes, [a.dtype for a in arrays]):
-        first = arrays[pack[0]]
-        send = packing.pack([arrays[i] for i in pack], wires[pack[0]])
-        recv = buffers.empty_like(send)
-        ctx.algorithm(recv.nbytes).allreduce(ctx, send, recv, mpi_op(op, first.dtype))
-        if op is Op.MEAN:
-            finish_mean(recv, ctx.size)
-        outs = packing.unpack(recv, [arrays[i].shape for i in pack], [first.dtype] * len(pack))
+        outs = packing.unpack(recv, [arrays[i].shape for i in pack], [dtype] * len(pack))
         for i, out in zip(pack, outs):
             results[i] = out
     return results

@@ -64,3 +64,26 @@ def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
 
 def from_host(result: np.ndarray, adapter: Adapter, original: Any) -> Any:
     return adapter.from_numpy(result, original)
+
+
+_PLAIN = frozenset("biufc")
+
+
+def to_host_all(leaves: list[Any], where: str) -> tuple[list[np.ndarray], list[Adapter | None]]:
+    """:func:`to_host` of every leaf; the adapter is None for contiguous NumPy arrays (kept as is)."""
+    hosts: list[np.ndarray] = []
+    adapters: list[Adapter | None] = []
+    for i, leaf in enumerate(leaves):
+        if type(leaf) is np.ndarray and leaf.flags.c_contiguous and leaf.dtype.kind in _PLAIN \
+                and leaf.dtype.fields is None:
+            hosts.append(leaf)
+            adapters.append(None)
+        else:
+            host, adapter = to_host(leaf, where, i)
+            hosts.append(host)
+            adapters.append(adapter)
+    return hosts, adapters
+
+
+def from_host_all(results: list[np.ndarray], adapters: list[Adapter | None], leaves: list[Any]) -> list[Any]:
+    return [r if a is None else a.from_numpy(r, leaf) for r, a, leaf in zip(results, adapters, leaves)]

@@ -47,6 +47,8 @@ def empty(count: int, dtype: np.dtype) -> np.ndarray:
 
 
 def empty_like(array: np.ndarray) -> np.ndarray:
+    if array.nbytes < MIN_BYTES:
+        return np.empty_like(array)
     return empty(array.size, array.dtype).reshape(array.shape)
 
 

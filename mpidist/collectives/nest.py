@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 LEAF = None  # the tree of a single leaf
+_CONTAINERS = (dict, list, tuple)
 
 
 def _keys(mapping: dict) -> list:
@@ -20,6 +21,8 @@ def _keys(mapping: dict) -> list:
 
 def flatten(value: Any) -> tuple[list[Any], Any]:
     """``(leaves, tree)``: the leaves in a deterministic order and what ``unflatten`` needs."""
+    if type(value) in (list, tuple) and not any([isinstance(x, _CONTAINERS) for x in value]):
+        return list(value), (list, type(value), None, None, [LEAF] * len(value))  # flat list: no recursion
     leaves: list[Any] = []
 
     def walk(v: Any) -> Any:

@@ -84,18 +84,19 @@ def pack(arrays: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
     """One 1-D buffer of ``dtype`` holding ``arrays`` back to back (a view for a single array)."""
     if len(arrays) == 1:
         return as_dtype(arrays[0], dtype).reshape(-1)
-    flat = [as_dtype(a, dtype).reshape(-1) for a in arrays]
-    return np.concatenate(flat, out=buffers.empty(sum(a.size for a in flat), dtype))
+    out = buffers.empty(sum([a.size for a in arrays]), dtype)
+    return np.concatenate(arrays, axis=None, out=out, casting="safe")
 
 
 def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> list[np.ndarray]:
     """Split a buffer from :func:`pack` back into arrays (views where the dtype already matches)."""
     out, offset = [], 0
+    same = buffer.dtype
     for shape, dtype in zip(shapes, dtypes):
         count = math.prod(shape)
         piece = buffer[offset:offset + count].reshape(shape)
         offset += count
-        out.append(from_wire(piece, dtype))
+        out.append(piece if dtype == same else from_wire(piece, dtype))
     return out
 
 

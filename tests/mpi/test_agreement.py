@@ -78,3 +78,11 @@ def test_ragged_allgather_is_not_a_mismatch(engine):
 def test_agreement_can_be_switched_off(engine):
     with mpidist.rc.override(check_agreement=False):
         assert engine.allreduce(np.ones(3))[0] == engine.size
+
+
+def test_mismatch_after_cached_calls(engine, comm):
+    """Ranks on the cached fast path (repeat calls) still meet and report a mismatch."""
+    for _ in range(2):
+        engine.allreduce(np.ones(5, dtype=np.float32))
+    x = np.ones(5 if engine.rank else 6, dtype=np.float32)  # rank 0 changes shape; others repeat
+    raises_everywhere(comm, lambda: engine.allreduce(x), "rank 0: allreduce(op=SUM, leaves=[float32(6,)]")

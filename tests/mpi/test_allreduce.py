@@ -107,3 +107,15 @@ def test_large_results_kept_alive_are_never_recycled(engine):
     for i, result in enumerate(kept):
         assert (result == i * n).all()
     assert (view == 9 * n).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_repeated_plain_calls_take_the_cached_path(engine, op):
+    """The second and later plain calls of a signature skip validation; results must not change."""
+    inputs = [make(r, np.int32, (6,), op) for r in range(engine.size)]
+    expected = reduce_all(inputs, op)
+    for _ in range(3):
+        assert_same(engine.allreduce(inputs[engine.rank], op), expected)
+    assert (op, np.dtype(np.int32), (6,)) in engine._fast
+    with mpidist.rc.override(check_agreement=False):  # a settings change drops the cached entry
+        assert_same(engine.allreduce(inputs[engine.rank], op), expected)
