@@ -1,8 +1,24 @@
-"""mpidist: the tf.distribute programming model on MPI. This module only re-exports."""
+"""mpidist: the tf.distribute programming model on MPI. This module only re-exports.
+
+Replace ``tf.distribute`` with ``mpidist`` (and ``tf.distribute.experimental`` with
+``mpidist.experimental``) and launch with mpirun/srun: one rank hosts one replica.
+"""
 from ._version import __version__
 from ._config import rc
 from . import errors
-from .collectives import Engine, Op
 from .topology import Topology
+from .collectives import Engine, Op
+from .cross_device import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce, ReduceOp,
+                           ReductionToOneDevice)
+from .values import DistributedValues
+from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaContext,
+                         Strategy, StrategyExtended, experimental_set_strategy, get_loss_reduction,
+                         get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
+from . import experimental, cluster_resolver
 
-__all__ = ["__version__", "rc", "errors", "Engine", "Op", "Topology"]
+__all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
+           "CrossDeviceOps", "HierarchicalCopyAllReduce", "MPIAllReduce", "NcclAllReduce", "ReduceOp",
+           "ReductionToOneDevice", "DistributedValues",
+           "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext", "Strategy",
+           "StrategyExtended", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
+           "get_strategy", "has_strategy", "in_cross_replica_context", "experimental", "cluster_resolver"]

@@ -85,6 +85,9 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "buffer_pool_bytes": (512 << 20, _nonneg_int,
                           "result buffers of 256 KiB and more are recycled once the caller drops them, "
                           "up to this many bytes in all (0: always allocate)"),
+    "framework": ("auto", _choice("auto", "numpy", "tensorflow"),
+                  "what strategies are built on: auto (TensorFlow strategies when the program has imported "
+                  "TensorFlow, NumPy ones otherwise), numpy, or tensorflow"),
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None = wait forever"),
 }

@@ -1,0 +1,172 @@
+"""The CrossDeviceOps family: how a strategy reduces and broadcasts across its replicas (ranks).
+
+With one replica per rank, "devices" are ranks: ``destinations`` arguments are accepted for
+compatibility and ignored. Each class picks an engine path:
+
+- ``MPIAllReduce(bytes_per_pack=0)``: the engine's automatic choice (flat or hierarchical);
+- ``NcclAllReduce(num_packs=1)``: NCCL inside the node for GPU buffers and MPI across nodes; host
+  buffers take the MPI path, said once in the log;
+- ``HierarchicalCopyAllReduce(num_packs=1)``: reduce inside the node, allreduce across node leaders,
+  broadcast inside the node;
+- ``ReductionToOneDevice(reduce_to_device=None)``: reduce to the root rank, then broadcast.
+
+A CrossDeviceOps object is bound to a strategy's engine when the strategy is built; used on its
+own it binds to an engine over COMM_WORLD on first use (collective).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from ..collectives import Engine
+from .options import CommunicationOptions, as_options
+from .reduce_op import ReduceOp, as_reduce_op
+
+_log = logging.getLogger("mpidist")
+
+
+def local_value(value: Any) -> Any:
+    """The local component of a DistributedValues-like value (anything with ``.values``), or value."""
+    values = getattr(value, "values", None)
+    if isinstance(values, tuple) and len(values) == 1 and hasattr(value, "_is_distributed_value"):
+        return values[0]
+    return value
+
+
+def _num_packs(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}: `num_packs` must be >= 0, got {value!r}")
+    return value
+
+
+class CrossDeviceOps:
+    """Base class: reduce, batch_reduce and broadcast across the replicas of a strategy."""
+
+    algorithm: str | None = None  # None: rc.algorithm decides
+
+    def __init__(self) -> None:
+        self._engine: Engine | None = None
+
+    # -- binding -------------------------------------------------------------------------------
+    def _bind(self, engine: Engine) -> "CrossDeviceOps":
+        self._engine = engine
+        return self
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine()
+        return self._engine
+
+    def _packing(self) -> dict[str, Any]:
+        return {}
+
+    # -- the TensorFlow API ----------------------------------------------------------------------
+    def reduce(self, reduce_op: Any, per_replica_value: Any, destinations: Any = None,
+               options: Any = None) -> Any:
+        """Reduce ``per_replica_value`` across replicas; every rank gets the result."""
+        where = f"{type(self).__name__}.reduce"
+        op = as_reduce_op(reduce_op, where)
+        return self._reduce(op, local_value(per_replica_value), as_options(options, where), where)
+
+    def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
+                     options: Any = None) -> list[Any]:
+        """Reduce several values in one logical collective; returns one result per pair."""
+        where = f"{type(self).__name__}.batch_reduce"
+        op = as_reduce_op(reduce_op, where)
+        values = [local_value(v) for v, _ in value_destination_pairs]
+        return list(self._reduce(op, values, as_options(options, where), where)) if values else []
+
+    def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
+        """The value of ``root`` (default rank 0) delivered to every rank."""
+        return self.engine.broadcast(local_value(tensor), root=root)
+
+    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        kwargs = dict(self._packing(), algorithm=self.algorithm, timeout_seconds=options.timeout_seconds)
+        if options.bytes_per_pack and "num_packs" not in kwargs:
+            kwargs["bytes_per_pack"] = options.bytes_per_pack
+        return self.engine.allreduce(value, op.value, **kwargs)
+
+    def __repr__(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self._packing().items())
+        return f"{type(self).__name__}({extra})"
+
+
+class MPIAllReduce(CrossDeviceOps):
+    """MPI allreduce, flat or hierarchical as the engine picks (``rc.algorithm``)."""
+
+    def __init__(self, bytes_per_pack: int = 0) -> None:
+        super().__init__()
+        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
+            raise ValueError(f"MPIAllReduce: `bytes_per_pack` must be >= 0, got {bytes_per_pack!r}")
+        self.bytes_per_pack = bytes_per_pack
+
+    def _packing(self) -> dict[str, Any]:
+        return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack else {}
+
+
+class NcclAllReduce(CrossDeviceOps):
+    """NCCL inside the node for GPU buffers, MPI across nodes; host buffers use MPI."""
+
+    _told = False
+
+    def __init__(self, num_packs: int = 1) -> None:
+        super().__init__()
+        self.num_packs = _num_packs(num_packs, "NcclAllReduce")
+
+    def _packing(self) -> dict[str, Any]:
+        return {"num_packs": self.num_packs}
+
+    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        if not NcclAllReduce._told:
+            NcclAllReduce._told = True
+            if self.engine.rank == 0:
+                _log.info("NcclAllReduce: host (NumPy) buffers are reduced with MPI; NCCL serves GPU buffers")
+        return super()._reduce(op, value, options, where)
+
+
+class HierarchicalCopyAllReduce(CrossDeviceOps):
+    """Reduce inside the node, allreduce across node leaders, broadcast inside the node."""
+
+    algorithm = "hierarchical"
+
+    def __init__(self, num_packs: int = 1) -> None:
+        super().__init__()
+        self.num_packs = _num_packs(num_packs, "HierarchicalCopyAllReduce")
+
+    def _packing(self) -> dict[str, Any]:
+        return {"num_packs": self.num_packs}
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+    """Reduce to one rank (``reduce_to_device`` names it: a rank number or a device string whose
+    ``task:N`` gives it; default rank 0), then broadcast from there."""
+
+    def __init__(self, reduce_to_device: Any = None, accumulation_fn: Any = None) -> None:
+        super().__init__()
+        self.root = _root_of(reduce_to_device)
+        if accumulation_fn is not None:
+            _log.info("ReductionToOneDevice: `accumulation_fn` is ignored; the reduction runs in MPI")
+
+    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        engine, timeout = self.engine, options.timeout_seconds
+        if self.root >= engine.size:
+            raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
+                             f"{engine.size} ranks")
+        reduced = engine.reduce(value, op.value, root=self.root, timeout_seconds=timeout)
+        return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root,
+                                timeout_seconds=timeout)
+
+
+def _root_of(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return device
+    if isinstance(device, str):
+        for part in device.split("/"):
+            if part.startswith("task:") and part[5:].isdigit():
+                return int(part[5:])
+        return 0
+    raise ValueError(f"ReductionToOneDevice: `reduce_to_device` must be None, a rank or a device string, "
+                     f"got {device!r}")

@@ -1,0 +1,31 @@
+"""Framework backends: with TensorFlow loaded, strategies are genuine tf.distribute.Strategy objects.
+
+The TensorFlow integration lives in the top layer (``mpidist.tensorflow``), which lower layers must
+not import by name. It is loaded here as a plugin, by module path, only when the program has
+already imported TensorFlow (or ``rc.framework`` says "tensorflow").
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+from .._config import rc
+
+TF_PLUGIN = "mpidist.tensorflow"
+
+
+def tensorflow_loaded() -> bool:
+    """Whether strategies are built on TensorFlow: ``rc.framework``, "auto" = TF already imported."""
+    if rc.framework == "auto":
+        return "tensorflow" in sys.modules
+    if rc.framework == "tensorflow":
+        importlib.import_module("tensorflow")
+        return True
+    return False
+
+
+def make_tf_strategy(kind: str, engine: Any, options: Any, **extra: Any) -> Any:
+    """Build the TensorFlow strategy of ``kind`` (see mpidist.tensorflow.make_strategy)."""
+    plugin = importlib.import_module(TF_PLUGIN)
+    return plugin.make_strategy(kind, engine, options, **extra)

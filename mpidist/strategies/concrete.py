@@ -1,0 +1,158 @@
+"""The concrete strategies, with TensorFlow's constructor signatures plus ``comm=``.
+
+Each builds its engine from MPI: MultiWorkerMirrored and CentralStorage over the whole
+communicator, Mirrored over the ranks of this node, OneDevice over this rank alone. When TensorFlow
+has been imported, constructing one returns mpidist's genuine ``tf.distribute.Strategy`` of the same
+kind instead (see backends.py).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mpi4py import MPI
+
+from ..collectives import Engine
+from ..cross_device import (CommunicationImplementation, CommunicationOptions, CrossDeviceOps, MPIAllReduce,
+                            ReductionToOneDevice, as_options)
+from ..topology import Topology, validate_comm
+from . import backends
+from .base import Strategy, StrategyExtended
+
+_log = logging.getLogger("mpidist")
+
+
+def _resolver_comm(cluster_resolver: Any, comm: Any, where: str) -> Any:
+    if cluster_resolver is None:
+        return comm
+    resolver_comm = getattr(cluster_resolver, "comm", None)
+    if resolver_comm is None:
+        _log.warning("%s: ignoring %s: the cluster comes from the MPI communicator, not from TF_CONFIG",
+                     where, type(cluster_resolver).__name__)
+        return comm
+    if comm is not None and comm is not resolver_comm:
+        raise ValueError(f"{where}: give `comm` or an MPIClusterResolver, not both")
+    return resolver_comm
+
+
+def _check_implementation(options: CommunicationOptions, where: str) -> None:
+    if options.implementation is CommunicationImplementation.NCCL:
+        try:
+            import cupy  # noqa: F401  (availability check only, at construction time)
+            from cupy.cuda import nccl  # noqa: F401
+            available = bool(cupy.cuda.is_available())
+        except Exception:  # ImportError, or CUDA errors on a machine without a GPU
+            available = False
+        if not available:
+            raise RuntimeError(f"{where}: communication implementation NCCL was requested, but NCCL is not "
+                               f"available here (needs a GPU and cupy with NCCL: pip install mpidist[cuda]); "
+                               f"use CommunicationImplementation.AUTO or RING")
+
+
+class _Dispatching(Strategy):
+    """Builds the TensorFlow variant when TensorFlow is loaded; subclasses define ``_setup``."""
+
+    _kind = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if backends.tensorflow_loaded():
+            engine, options, cross_ops, _, extra = cls._setup(*args, **kwargs)
+            return backends.make_tf_strategy(cls._kind, engine, options, cross_device_ops=cross_ops, **extra)
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        engine, options, cross_ops, resolver, _ = self._setup(*args, **kwargs)
+        super().__init__(engine, options, cross_ops, resolver)
+
+    @classmethod
+    def _setup(cls, *args: Any, **kwargs: Any) -> tuple[Engine, CommunicationOptions, CrossDeviceOps | None,
+                                                        Any, dict[str, Any]]:
+        raise NotImplementedError
+
+
+class MultiWorkerMirroredStrategy(_Dispatching):
+    """Synchronous data parallelism over every rank of ``comm`` (default COMM_WORLD).
+
+    ``MultiWorkerMirroredStrategy(cluster_resolver=None, communication_options=None, *, comm=None)``.
+    """
+
+    _kind = "MultiWorkerMirroredStrategy"
+
+    @classmethod
+    def _setup(cls, cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None,
+               _communication: Any = None) -> Any:
+        where = cls.__name__
+        comm = validate_comm(_resolver_comm(cluster_resolver, comm, where), where)
+        options = as_options(communication_options, where)
+        if _communication is not None:
+            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication)
+        _check_implementation(options, where)
+        return Engine(comm), options, MPIAllReduce(), cluster_resolver, {}
+
+
+class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
+    """``tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO, cluster_resolver=None,
+    communication_options=None)``, plus ``comm=``."""
+
+    @classmethod
+    def _setup(cls, communication: Any = CommunicationImplementation.AUTO, cluster_resolver: Any = None,
+               communication_options: Any = None, *, comm: Any = None) -> Any:
+        return super()._setup(cluster_resolver, communication_options, comm=comm, _communication=communication)
+
+
+class MirroredStrategy(_Dispatching):
+    """Synchronous data parallelism over the ranks of this node (one replica per rank).
+
+    ``MirroredStrategy(devices=None, cross_device_ops=None, *, comm=None)``: the replicas are the ranks
+    of ``comm`` (default COMM_WORLD) that share this node. ``devices`` may name at most one device:
+    launch one rank per device.
+    """
+
+    _kind = "MirroredStrategy"
+
+    @classmethod
+    def _setup(cls, devices: Any = None, cross_device_ops: Any = None, *, comm: Any = None) -> Any:
+        where = cls.__name__
+        if devices is not None and len(list(devices)) > 1:
+            raise ValueError(f"{where}: `devices` lists {len(list(devices))} devices, but each rank hosts one "
+                             f"replica; launch one rank per device (mpirun -n <devices>) and pass at most one")
+        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps "
+                            f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
+                            f"got {type(cross_device_ops).__name__}")
+        topology = Topology(validate_comm(comm, where))
+        engine = Engine(topology.local)
+        return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}
+
+
+class OneDeviceStrategy(_Dispatching):
+    """One replica on this rank alone: no communication. ``OneDeviceStrategy(device)``."""
+
+    _kind = "OneDeviceStrategy"
+
+    @classmethod
+    def _setup(cls, device: Any = None) -> Any:
+        return Engine(MPI.COMM_SELF), CommunicationOptions(), None, None, {"devices": [device] if device else None}
+
+
+class CentralStorageExtended(StrategyExtended):
+    """Variables and updates live on the chief: updates run on rank 0, then rank 0's result is
+    broadcast; reductions go to rank 0 and back (ReductionToOneDevice)."""
+
+    def update(self, var: Any, fn: Any, args: tuple = (), kwargs: dict | None = None, group: bool = True) -> Any:
+        result = super().update(var, fn, args, kwargs, group) if self.rank == 0 else var
+        return self._cross_device_ops.broadcast(result if result is not None else var)
+
+
+class CentralStorageStrategy(_Dispatching):
+    """``tf.distribute.experimental.CentralStorageStrategy(compute_devices=None, parameter_device=None)``,
+    plus ``comm=``: replicas are the ranks; variables and their updates live on the chief (rank 0)."""
+
+    _kind = "CentralStorageStrategy"
+    _extended_class = CentralStorageExtended
+
+    @classmethod
+    def _setup(cls, compute_devices: Any = None, parameter_device: Any = None, *, comm: Any = None) -> Any:
+        where = cls.__name__
+        engine = Engine(validate_comm(comm, where))
+        return engine, CommunicationOptions(), ReductionToOneDevice(0), None, {"devices": compute_devices}

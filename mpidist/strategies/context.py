@@ -1,0 +1,149 @@
+"""Which strategy is current, and whether code runs in a replica or cross-replica context.
+
+A thread-local stack as in TensorFlow: ``strategy.scope()`` pushes a cross-replica context,
+``strategy.run(fn)`` a replica context, ``ReplicaContext.merge_call`` a cross-replica context again.
+Outside any scope the default strategy (one replica, this rank alone) is current. When TensorFlow
+is loaded and no mpidist (NumPy) strategy is active, the module functions answer what
+``tf.distribute`` answers, so they also see mpidist's TensorFlow strategies.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from ..cross_device import ReduceOp, as_options, as_reduce_op
+
+_state = threading.local()
+_global_default: list[Any] = []   # experimental_set_strategy(s): the strategy current everywhere
+
+
+def _stack() -> list[tuple[Any, "ReplicaContext | None"]]:
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    return stack
+
+
+def push(strategy: Any, replica: "ReplicaContext | None") -> None:
+    _stack().append((strategy, replica))
+
+
+def pop() -> None:
+    _stack().pop()
+
+
+def _tf_distribute() -> Any:
+    tf = sys.modules.get("tensorflow")
+    return getattr(tf, "distribute", None)
+
+
+def _top() -> tuple[Any, "ReplicaContext | None"] | None:
+    stack = _stack()
+    if stack:
+        return stack[-1]
+    if _global_default:
+        return (_global_default[0], None)
+    return None
+
+
+def get_strategy() -> Any:
+    """The current strategy (the default strategy outside every scope)."""
+    top = _top()
+    if top is not None:
+        return top[0]
+    tfd = _tf_distribute()
+    if tfd is not None and tfd.has_strategy():
+        return tfd.get_strategy()
+    from .default import default_strategy  # same layer; lazy to avoid building it at import
+    return default_strategy()
+
+
+def has_strategy() -> bool:
+    """Whether a non-default strategy is current."""
+    if _top() is not None:
+        return True
+    tfd = _tf_distribute()
+    return bool(tfd is not None and tfd.has_strategy())
+
+
+def get_replica_context() -> "ReplicaContext | None":
+    """The replica context inside ``run``; None in a cross-replica context (inside ``scope()``)."""
+    top = _top()
+    if top is None:
+        tfd = _tf_distribute()
+        if tfd is not None and tfd.has_strategy():
+            return tfd.get_replica_context()
+        return get_strategy()._default_replica_context()
+    return top[1]
+
+
+def in_cross_replica_context() -> bool:
+    top = _top()
+    if top is None:
+        tfd = _tf_distribute()
+        return bool(tfd is not None and tfd.in_cross_replica_context())
+    return top[1] is None
+
+
+def experimental_set_strategy(strategy: Any) -> None:
+    """Make ``strategy`` current everywhere (None: back to the default), like entering its scope
+    for good. Cannot be called inside a scope."""
+    if _stack():
+        raise RuntimeError("experimental_set_strategy: must not be called inside a `with strategy.scope()` block")
+    _global_default.clear()
+    if strategy is not None:
+        _global_default.append(strategy)
+
+
+def get_loss_reduction() -> ReduceOp:
+    """The ReduceOp matching the loss reduction: MEAN (losses are averaged over the global batch)."""
+    return ReduceOp.MEAN
+
+
+class ReplicaContext:
+    """The context of one replica (this rank) inside ``strategy.run``."""
+
+    def __init__(self, strategy: Any, replica_id_in_sync_group: int) -> None:
+        self._strategy = strategy
+        self._replica_id = replica_id_in_sync_group
+
+    @property
+    def strategy(self) -> Any:
+        return self._strategy
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        return self._replica_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return (self._strategy.extended.worker_devices[0],)
+
+    def all_reduce(self, reduce_op: Any, value: Any, options: Any = None, experimental_hints: Any = None) -> Any:
+        """Reduce a nest across replicas in one logical collective."""
+        where = "ReplicaContext.all_reduce"
+        op = as_reduce_op(reduce_op, where)
+        opts = self._strategy.extended._options.merge(as_options(options or experimental_hints, where))
+        return self._strategy.extended._all_reduce(op, value, opts)
+
+    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
+        """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""
+        return self._strategy.extended._gather(value, axis, as_options(options, "ReplicaContext.all_gather"),
+                                               "ReplicaContext.all_gather")
+
+    def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Call ``merge_fn(strategy, *args, **kwargs)`` in the cross-replica context."""
+        push(self._strategy, None)
+        try:
+            return merge_fn(self._strategy, *args, **(kwargs or {}))
+        finally:
+            pop()
+
+    def __repr__(self) -> str:
+        return f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, num_replicas_in_sync=" \
+               f"{self.num_replicas_in_sync})"

@@ -1,0 +1,82 @@
+"""Reductions and gathers along an axis, for ``Strategy.reduce(..., axis=)`` and ``gather``.
+
+``reduce(op, value, axis=k)`` first reduces each leaf along axis k on this rank, then across ranks.
+MEAN divides by the global number of elements along the axis (the sum of every rank's length), so
+a smaller last batch on some rank weighs exactly as its rows do. All leaves travel in one engine
+call.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..collectives import Engine, nest
+from ..cross_device import CommunicationOptions, ReduceOp
+from ..values import local
+
+
+def map_local(value: Any) -> Any:
+    """``value`` with every DistributedValues replaced by its local component."""
+    leaves, tree = nest.flatten(local(value))
+    return nest.unflatten(tree, [local(leaf) for leaf in leaves])
+
+
+def _axis(value: Any, ndim: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: `axis` must be an int or None, got {value!r}")
+    if not -ndim <= value < ndim:
+        raise ValueError(f"{where}: `axis` {value} is out of range for a value of rank {ndim}")
+    return int(value) % ndim
+
+
+def _arrays(value: Any) -> tuple[list[np.ndarray], Any]:
+    leaves, tree = nest.flatten(map_local(value))
+    return [np.asarray(leaf) for leaf in leaves], tree
+
+
+_LOCAL = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
+          ReduceOp.PROD: np.prod}
+
+
+def _local_reduce(a: np.ndarray, op: ReduceOp, axis: int) -> np.ndarray:
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and a.shape[axis] == 0:  # empty local batch: identity
+        info = np.finfo(a.dtype) if a.dtype.kind == "f" else np.iinfo(a.dtype)
+        fill = info.max if op is ReduceOp.MIN else info.min
+        return np.full(a.shape[:axis] + a.shape[axis + 1:], fill, dtype=a.dtype)
+    return np.asarray(_LOCAL[op](a, axis=axis)).astype(a.dtype, copy=False)
+
+
+def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CommunicationOptions,
+                      where: str) -> Any:
+    arrays, tree = _arrays(value)
+    axes = [_axis(axis, max(a.ndim, 1), where) for a in arrays]
+    for a in arrays:
+        if a.ndim == 0:
+            raise ValueError(f"{where}: `axis`={axis} given for a scalar value")
+    partial = [_local_reduce(a, op, k) for a, k in zip(arrays, axes)]
+    kwargs = dict(bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds)
+    if op is not ReduceOp.MEAN:
+        reduced = engine.allreduce(partial, op.value, **kwargs)
+        return nest.unflatten(tree, reduced)
+    counts = np.array([a.shape[k] for a, k in zip(arrays, axes)], dtype=np.int64)
+    sums, total = engine.allreduce((partial, counts), "sum", **kwargs)
+    results = []
+    for s, n, a in zip(sums, total.tolist(), arrays):
+        if a.dtype.kind in "fc":
+            results.append((s / n).astype(a.dtype, copy=False) if n else np.full_like(s, np.nan))
+        else:
+            results.append((np.sign(s) * (np.abs(s) // max(n, 1))).astype(a.dtype))
+    return nest.unflatten(tree, results)
+
+
+def gather_along_axis(engine: Engine, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+    arrays, tree = _arrays(value)
+    for a in arrays:
+        if a.ndim == 0:
+            raise ValueError(f"{where}: cannot gather a scalar value; give it at least one dimension")
+    axes = [_axis(axis, a.ndim, where) for a in arrays]
+    moved = [np.moveaxis(a, k, 0) for a, k in zip(arrays, axes)]
+    gathered = engine.allgather(moved, bytes_per_pack=options.bytes_per_pack,
+                                timeout_seconds=options.timeout_seconds)
+    return nest.unflatten(tree, [np.moveaxis(g, 0, k) for g, k in zip(gathered, axes)])

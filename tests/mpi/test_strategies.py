@@ -1,0 +1,227 @@
+"""The tf.distribute API on NumPy (framework="numpy"): strategies, contexts, reductions, cross-device
+ops and the seeds' examples, checked against values computed from all ranks' inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidist
+from mpidist.errors import CollectiveMismatchError
+from reference import assert_same
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(autouse=True)
+def numpy_framework():
+    with mpidist.rc.override(framework="numpy"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    with mpidist.rc.override(framework="numpy"):
+        return mpidist.MultiWorkerMirroredStrategy()
+
+
+def batch(rank: int, rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([seed, rank]).integers(-5, 6, size=(rows, 3)).astype(np.float64)
+
+
+def test_run_gives_each_rank_its_replica_context(strategy, comm):
+    assert strategy.num_replicas_in_sync == comm.Get_size()
+
+    def step(x):
+        ctx = mpidist.get_replica_context()
+        assert mpidist.get_strategy() is strategy and not mpidist.in_cross_replica_context()
+        return ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync, x * 2
+
+    rid, n, y = strategy.run(step, args=(mpidist.values.PerReplica(np.float64(comm.Get_rank())),))
+    assert (rid, n, y) == (comm.Get_rank(), comm.Get_size(), 2.0 * comm.Get_rank())
+    assert strategy.experimental_run_v2(lambda x: x + 1, args=(1,)) == 2
+    assert strategy.experimental_local_results(mpidist.values.PerReplica(5)) == (5,)
+
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX", "MIN"])
+def test_reduce_without_axis(strategy, comm, op):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    per_replica = strategy.run(lambda: batch(rank, 2))
+    stack = np.stack([batch(r, 2) for r in range(size)])
+    expected = {"SUM": stack.sum(0), "MEAN": stack.mean(0), "MAX": stack.max(0), "MIN": stack.min(0)}[op]
+    assert_same(strategy.reduce(op, per_replica, axis=None), expected)
+    assert_same(strategy.reduce(getattr(mpidist.ReduceOp, op), per_replica, axis=None), expected)
+
+
+def test_seed_reduce_replica_ids(strategy, comm):
+    """The seed example: reduce SUM of each replica's id."""
+    def step_fn():
+        return np.int64(mpidist.get_replica_context().replica_id_in_sync_group)
+    per_replica_result = strategy.run(step_fn)
+    total = strategy.reduce("SUM", per_replica_result, axis=None)
+    assert total == sum(range(comm.Get_size()))
+
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+def test_reduce_along_axis_with_uneven_last_batch(strategy, comm, op):
+    """Per-replica batches of different sizes (one rank may have none): MEAN weighs every row."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    rows = [(2 * r + 1) % 3 for r in range(size)]  # 1, 0, 2, 1 ...
+    if sum(rows) == 0:
+        rows[0] = 1
+    value = {"x": batch(rank, rows[rank], 1), "n": np.arange(rows[rank], dtype=np.float32)}
+    got = strategy.reduce(op, value, axis=0)
+    everything = {k: np.concatenate([{"x": batch(r, rows[r], 1),
+                                      "n": np.arange(rows[r], dtype=np.float32)}[k] for r in range(size)])
+                  for k in ("x", "n")}
+    fn = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max}[op]
+    for k in ("x", "n"):
+        np.testing.assert_allclose(got[k], fn(everything[k], axis=0), rtol=1e-6)
+        assert got[k].dtype == everything[k].dtype
+
+
+def test_gather_ragged_along_axis(strategy, comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    got = strategy.gather(np.full((2, rank + 1), rank, dtype=np.int32), axis=1)
+    assert_same(got, np.concatenate([np.full((2, r + 1), r, dtype=np.int32) for r in range(size)], axis=1))
+    in_replica = strategy.run(lambda: mpidist.get_replica_context().all_gather(np.array([rank]), axis=0))
+    assert_same(in_replica, np.arange(size))
+
+
+def test_seed_collective_hints_and_options(strategy, comm):
+    """Seed: CollectiveHints with bytes_per_pack/timeout_seconds, as hints and as options."""
+    size = comm.Get_size()
+    hints = mpidist.experimental.CollectiveHints(bytes_per_pack=32, timeout_seconds=120)
+    grads = [np.full(7, comm.Get_rank() + 1.0) for _ in range(5)]
+    total = strategy.reduce("sum", grads, axis=None, experimental_hints=hints)
+    for g in total:
+        assert_same(g, np.full(7, size * (size + 1) / 2))
+    options = mpidist.experimental.CommunicationOptions(
+        bytes_per_pack=50 * 1024 * 1024, timeout_seconds=120.0,
+        implementation=mpidist.experimental.CommunicationImplementation.RING)
+    reduced = strategy.run(lambda: mpidist.get_replica_context().all_reduce("sum", grads, options=options))
+    assert_same(reduced[0], np.full(7, size * (size + 1) / 2))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_timeout_option_reaches_the_engine(strategy, comm):
+    options = mpidist.experimental.CommunicationOptions(timeout_seconds=60 if comm.Get_rank() == 0 else None)
+    with pytest.raises(CollectiveMismatchError, match="rank 0: allreduce.*with a deadline"):
+        strategy.run(lambda: mpidist.get_replica_context().all_reduce("sum", np.ones(2), options=options))
+
+
+def test_seed_nccl_all_reduce_in_mirrored_strategy(comm):
+    """Seed: MirroredStrategy(cross_device_ops=NcclAllReduce()): replicas are this node's ranks."""
+    mirrored = mpidist.MirroredStrategy(cross_device_ops=mpidist.NcclAllReduce(num_packs=2))
+    node = mpidist.Topology(comm)
+    assert mirrored.num_replicas_in_sync == node.local_size
+    peers = node.node_ranks[node.node_index]
+    got = mirrored.reduce("SUM", [np.array([comm.Get_rank()]), np.ones(3)], axis=None)
+    assert_same(got[0], np.array([sum(peers)]))
+    assert_same(got[1], np.full(3, float(len(peers))))
+    node.free()
+
+
+@pytest.mark.parametrize("ops", [mpidist.MPIAllReduce(), mpidist.NcclAllReduce(), mpidist.NcclAllReduce(0),
+                                 mpidist.HierarchicalCopyAllReduce(num_packs=3), mpidist.ReductionToOneDevice()],
+                         ids=repr)
+def test_cross_device_ops(comm, ops):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    value = mpidist.values.PerReplica(np.full(4, rank + 1.0))
+    assert_same(ops.reduce("SUM", value, destinations=None), np.full(4, size * (size + 1) / 2))
+    assert_same(ops.reduce(mpidist.ReduceOp.MEAN, value, destinations=None), np.full(4, (size + 1) / 2))
+    batch_out = ops.batch_reduce("MAX", [(value, None), (mpidist.values.PerReplica(np.int32(rank)), None)])
+    assert_same(batch_out[0], np.full(4, float(size)))
+    assert batch_out[1] == size - 1
+    assert_same(ops.broadcast(np.full(2, rank), destinations=None), np.zeros(2, dtype=np.full(2, 0).dtype))
+
+
+def test_cross_device_ops_validation():
+    for cls in (mpidist.NcclAllReduce, mpidist.HierarchicalCopyAllReduce):
+        with pytest.raises(ValueError, match=f"{cls.__name__}: `num_packs` must be >= 0, got -1"):
+            cls(num_packs=-1)
+    with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0, got -5"):
+        mpidist.experimental.CommunicationOptions(bytes_per_pack=-5)
+    with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy.reduce: `reduce_op` must be one of"):
+        mpidist.MultiWorkerMirroredStrategy().reduce("avg-ish", np.ones(1), axis=None)
+
+
+def test_nccl_implementation_without_nccl_is_a_clear_error():
+    try:
+        import cupy
+        if cupy.cuda.is_available():
+            pytest.skip("a GPU with cupy is present: NCCL may be available")
+    except Exception:
+        pass
+    with pytest.raises(RuntimeError, match="NCCL was requested, but NCCL is not available"):
+        mpidist.experimental.MultiWorkerMirroredStrategy(
+            communication=mpidist.experimental.CommunicationImplementation.NCCL)
+
+
+def test_contexts_and_module_functions(strategy, comm):
+    assert not mpidist.has_strategy()
+    assert mpidist.get_replica_context() is not None  # default replica context
+    with strategy.scope():
+        assert mpidist.get_strategy() is strategy and mpidist.has_strategy()
+        assert mpidist.in_cross_replica_context() and mpidist.get_replica_context() is None
+
+        def step():
+            ctx = mpidist.get_replica_context()
+            return ctx.merge_call(lambda s, x: (s is strategy, mpidist.in_cross_replica_context(), x), args=(3,))
+        assert strategy.run(step) == (True, True, 3)
+    assert mpidist.get_loss_reduction() is mpidist.ReduceOp.MEAN
+    mpidist.experimental_set_strategy(strategy)
+    try:
+        assert mpidist.get_strategy() is strategy
+    finally:
+        mpidist.experimental_set_strategy(None)
+    assert not mpidist.has_strategy()
+
+
+def test_extended(strategy, comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    ext = strategy.extended
+    assert ext.should_checkpoint == ext.should_save_summary == (rank == 0)
+    assert_same(ext.reduce_to("SUM", np.ones(2), destinations=None), np.full(2, float(size)))
+    out = ext.batch_reduce_to("MEAN", [(np.full(2, float(rank)), None), (np.ones(1), None)])
+    assert_same(out[0], np.full(2, (size - 1) / 2))
+    assert_same(out[1], np.ones(1))
+    assert_same(ext.broadcast_to(np.array([rank]), destinations=None), np.array([0]))
+    var = np.zeros(2)
+    assert ext.update(var, lambda v, d: np.add(v, d, out=v), args=(1.0,)) is var and (var == 1).all()
+
+
+def test_central_storage_updates_on_the_chief(comm):
+    central = mpidist.experimental.CentralStorageStrategy()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    assert_same(central.reduce("SUM", np.array([rank]), axis=None), np.array([size * (size - 1) // 2]))
+    out = central.extended.update(np.array([10.0]), lambda v: v + rank + 1)
+    assert_same(out, np.array([11.0]))  # rank 0's update, everywhere
+
+
+def test_one_device_strategy_does_not_communicate(comm):
+    one = mpidist.OneDeviceStrategy("/cpu:0")
+    assert one.num_replicas_in_sync == 1
+    assert one.reduce("SUM", np.array([comm.Get_rank()]), axis=None)[0] == comm.Get_rank()
+
+
+def test_values_from_function(strategy, comm):
+    value = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync))
+    assert strategy.experimental_local_results(value) == ((comm.Get_rank(), comm.Get_size()),)
+
+
+def test_experimental_signature_and_cluster_resolver(comm):
+    resolver = mpidist.cluster_resolver.MPIClusterResolver(comm)
+    spec = resolver.cluster_spec()
+    assert resolver.task_type == "worker" and resolver.task_id == comm.Get_rank()
+    workers = spec["worker"] if isinstance(spec, dict) else spec.as_dict()["worker"]
+    assert len(workers) == comm.Get_size() and resolver.master().startswith("grpc://")
+    assert resolver.tf_config()["task"] == {"type": "worker", "index": comm.Get_rank()}
+    s = mpidist.experimental.MultiWorkerMirroredStrategy(
+        mpidist.experimental.CollectiveCommunication.RING, cluster_resolver=resolver)
+    assert s.num_replicas_in_sync == comm.Get_size() and s.cluster_resolver is resolver
+    sub = comm.Split(comm.Get_rank() % 2, comm.Get_rank())
+    on_sub = mpidist.MultiWorkerMirroredStrategy(comm=sub)
+    assert on_sub.reduce("SUM", np.array([comm.Get_rank()]), axis=None)[0] == \
+        sum(r for r in range(comm.Get_size()) if r % 2 == comm.Get_rank() % 2)
