@@ -14,6 +14,8 @@ from .values import DistributedValues
 from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaContext,
                          Strategy, StrategyExtended, experimental_set_strategy, get_loss_reduction,
                          get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
+from .input import (DistributedDataset, DistributedIterator, InputContext, InputOptions,
+                    InputReplicationMode)
 from . import experimental, cluster_resolver
 
 __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
@@ -21,4 +23,5 @@ __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "ReductionToOneDevice", "DistributedValues",
            "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext", "Strategy",
            "StrategyExtended", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
-           "get_strategy", "has_strategy", "in_cross_replica_context", "experimental", "cluster_resolver"]
+           "get_strategy", "has_strategy", "in_cross_replica_context", "DistributedDataset", "DistributedIterator",
+           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver"]

@@ -19,6 +19,20 @@ from . import context
 from .reductions import gather_along_axis, map_local, reduce_along_axis
 
 
+_input_layer: list[Any] = []
+
+
+def register_input_layer(module: Any) -> None:
+    """Called by ``mpidist.input`` (the layer above) to provide the dataset methods."""
+    _input_layer[:] = [module]
+
+
+def _input(where: str) -> Any:
+    if not _input_layer:
+        raise RuntimeError(f"{where}: the input layer is not loaded; `import mpidist` loads it")
+    return _input_layer[0]
+
+
 class StrategyExtended:
     """The extended API: explicit reductions, broadcasts and updates, and device/role facts."""
 
@@ -162,6 +176,21 @@ class Strategy:
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> PerReplica:
         return PerReplica(value_fn(ValueContext(self._extended.rank, self.num_replicas_in_sync)))
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """Per-replica batches for this rank from an iterable of global batches (see mpidist.input)."""
+        return _input("experimental_distribute_dataset").distribute_dataset(self, dataset, options)
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any = None) -> Any:
+        """``dataset_fn(InputContext)`` builds this rank's input pipeline (see mpidist.input)."""
+        return _input("distribute_datasets_from_function").distribute_datasets_from_function(
+            self, dataset_fn, options)
+
+    experimental_distribute_datasets_from_function = distribute_datasets_from_function
+
+    def experimental_make_numpy_dataset(self, numpy_input: Any) -> Any:
+        """An in-memory dataset of examples along axis 0; ``.batch(global_batch_size)`` it."""
+        return _input("experimental_make_numpy_dataset").make_numpy_dataset(self, numpy_input)
 
     def _default_replica_context(self) -> context.ReplicaContext:
         return context.ReplicaContext(self, self._extended.rank)
