@@ -6,7 +6,7 @@ Replace ``tf.distribute`` with ``mpidist`` (and ``tf.distribute.experimental`` w
 from ._version import __version__
 from ._config import rc
 from . import errors
-from .topology import Topology
+from .topology import Topology, abort as _abort
 from .collectives import Engine, Op
 from .cross_device import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce, ReduceOp,
                            ReductionToOneDevice)
@@ -17,6 +17,8 @@ from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDevic
 from .input import (DistributedDataset, DistributedIterator, InputContext, InputOptions,
                     InputReplicationMode)
 from . import experimental, cluster_resolver
+
+_abort.install()  # an uncaught exception on one rank ends the job (rc.abort_on_error)
 
 __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "CrossDeviceOps", "HierarchicalCopyAllReduce", "MPIAllReduce", "NcclAllReduce", "ReduceOp",

@@ -88,6 +88,9 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "framework": ("auto", _choice("auto", "numpy", "tensorflow"),
                   "what strategies are built on: auto (TensorFlow strategies when the program has imported "
                   "TensorFlow, NumPy ones otherwise), numpy, or tensorflow"),
+    "abort_on_error": (True, _flag,
+                       "an uncaught exception on one rank aborts the whole MPI job (MPI_Abort), so the "
+                       "other ranks do not wait forever"),
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None = wait forever"),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -35,7 +36,14 @@ def mpirun():
             environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd = mpirun_command(n) + [sys.executable, str(JOBS / script), *args]
         start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ,
-                              start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # mpirun and every rank: no orphans left behind
+            proc.communicate()
+            raise
+        proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         return Job(proc, time.monotonic() - start)
     return run
