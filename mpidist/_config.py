@@ -43,6 +43,17 @@ def _nonneg_int(name: str, value: Any) -> int:
     return number
 
 
+def _tristate(name: str, value: Any) -> str:
+    text = str(value).strip().lower()
+    if text == "auto":
+        return text
+    if text in _TRUE:
+        return "yes"
+    if text in _FALSE:
+        return "no"
+    raise ValueError(f"mpidist.rc: `{name}` must be auto, yes or no (1/0, true/false), got {value!r}")
+
+
 def _flag(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -91,6 +102,8 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "abort_on_error": (True, _flag,
                        "an uncaught exception on one rank aborts the whole MPI job (MPI_Abort), so the "
                        "other ranks do not wait forever"),
+    "cuda_aware_mpi": ("auto", _tristate,
+                       "whether MPI may read GPU memory: auto (ask the library where it can tell), yes, no"),
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None = wait forever"),
 }
