@@ -34,7 +34,8 @@ def mpirun():
         environ = dict(os.environ, **(env or {}))
         if os.geteuid() == 0:
             environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        target = [script] if script.startswith("-") else [str(JOBS / script)]  # "-m" runs a module
+        # "-m mod" runs a module; an absolute path runs that file; else a script in jobs/
+        target = [script] if script.startswith("-") or os.path.isabs(script) else [str(JOBS / script)]
         cmd = mpirun_command(n) + [sys.executable, *target, *args]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
