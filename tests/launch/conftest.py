@@ -23,6 +23,23 @@ def mpirun_command(n: int) -> list[str]:
     return [exe, "-n", str(n), *flags]
 
 
+def kill_job(proc: subprocess.Popen, marker: str | None = None) -> None:
+    """End an mpirun job and every rank: SIGTERM to its process group (mpirun then ends its ranks),
+    SIGKILL after a grace period, then any process whose command line holds ``marker``."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.communicate(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    if marker:
+        subprocess.run(["pkill", "-9", "-f", marker], check=False)
+
+
 class Job:
     def __init__(self, proc: subprocess.CompletedProcess, seconds: float) -> None:
         self.returncode, self.output, self.seconds = proc.returncode, proc.stdout + proc.stderr, seconds
@@ -43,8 +60,7 @@ def mpirun():
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # mpirun and every rank: no orphans left behind
-            proc.communicate()
+            kill_job(proc, marker=str(JOBS / script) if not script.startswith("-") else None)
             raise
         proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         return Job(proc, time.monotonic() - start)

@@ -1,0 +1,92 @@
+"""Checkpoints for NumPy state: only the chief writes, the write is atomic, every rank restores
+the same state.
+
+``save(state, path, strategy)`` (collective): rank 0 writes the nest of arrays to a temporary file
+next to ``path``, flushes it to disk, and renames it over ``path`` (``os.replace`` is atomic on
+POSIX file systems), so a save interrupted at any point leaves the previous checkpoint intact.
+``restore(path, like, strategy)`` (collective): rank 0 reads the file and broadcasts it; every rank
+gets identical arrays with the structure, shapes and dtypes of ``like``. Errors (a missing file, a
+full disk, a mismatch with ``like``) are raised on every rank, never on the chief alone.
+
+For ``tf.train.Checkpoint`` use ``mpidist.tensorflow.checkpoint``.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+from .collectives import Engine, nest
+
+_STRUCTURE = "__structure__"
+
+
+def _engine(strategy: Any) -> Engine:
+    if isinstance(strategy, Engine):
+        return strategy
+    engine = getattr(getattr(strategy, "extended", None), "_engine", None)
+    if not isinstance(engine, Engine):
+        raise TypeError(f"checkpoint: `strategy` must be an mpidist strategy or Engine, got {type(strategy).__name__}")
+    return engine
+
+
+def _raise_everywhere(engine: Engine, error: str | None) -> None:
+    error = engine.topology.comm.bcast(error, root=0)
+    if error is not None:
+        raise OSError(error) if not error.startswith("ValueError: ") else ValueError(error[12:])
+
+
+def save(state: Any, path: str, strategy: Any) -> None:
+    """Write ``state`` (a nest of arrays and numbers) to ``path`` from the chief, atomically."""
+    engine = _engine(strategy)
+    error = None
+    if engine.rank == 0:
+        leaves, tree = nest.flatten(state)
+        directory = os.path.dirname(os.path.abspath(path))
+        tmp = f"{path}.tmp.{os.getpid()}"
+        try:
+            for stale in glob.glob(glob.escape(path) + ".tmp.*"):  # left by an interrupted save
+                os.remove(stale)
+            with open(tmp, "wb") as f:
+                np.savez(f, **{f"leaf_{i:06d}": np.asarray(leaf) for i, leaf in enumerate(leaves)},
+                         **{_STRUCTURE: np.array(nest.structure_key(tree))})
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the rename itself reaches the disk
+            finally:
+                os.close(fd)
+        except OSError as err:
+            error = f"checkpoint.save: could not write {path!r}: {err}"
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    _raise_everywhere(engine, error)
+
+
+def restore(path: str, like: Any, strategy: Any) -> Any:
+    """Read ``path`` on the chief and broadcast it: every rank gets the same state, shaped like ``like``."""
+    engine = _engine(strategy)
+    leaves, tree = nest.flatten(like)
+    expected = [np.asarray(leaf) for leaf in leaves]
+    loaded: list[np.ndarray] = expected
+    error = None
+    if engine.rank == 0:
+        try:
+            with np.load(path) as data:
+                structure = str(data[_STRUCTURE])
+                loaded = [data[f"leaf_{i:06d}"] for i in range(len(data.files) - 1)]
+            if structure != nest.structure_key(tree) or len(loaded) != len(expected) or any(
+                    a.shape != b.shape or a.dtype != b.dtype for a, b in zip(loaded, expected)):
+                got = ", ".join(f"{a.dtype}{a.shape}" for a in loaded[:4])
+                want = ", ".join(f"{b.dtype}{b.shape}" for b in expected[:4])
+                error = (f"ValueError: checkpoint.restore: {path!r} holds {structure} with [{got}...], "
+                         f"but `like` is {nest.structure_key(tree)} with [{want}...]")
+        except (OSError, KeyError, ValueError) as err:
+            error = f"checkpoint.restore: could not read {path!r}: {err}"
+    _raise_everywhere(engine, error)
+    restored = engine.broadcast(loaded if engine.rank == 0 else [np.empty_like(a) for a in expected], root=0)
+    return nest.unflatten(tree, list(restored))
