@@ -104,6 +104,10 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
                        "other ranks do not wait forever"),
     "cuda_aware_mpi": ("auto", _tristate,
                        "whether MPI may read GPU memory: auto (ask the library where it can tell), yes, no"),
+    "stall_seconds": (60.0, _optional_seconds,
+                      "log which ranks have not arrived when a collective has waited this long; None = never"),
+    "stall_abort_seconds": (None, _optional_seconds,
+                            "abort the job when a collective has waited this long; None = never"),
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None = wait forever"),
 }

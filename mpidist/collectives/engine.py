@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .._config import rc
 from ..errors import CommunicatorBrokenError
 from ..topology import Topology
-from . import agreement, allgather, allreduce, arrays, broadcast, nest, packing, reduce, reduce_scatter
+from . import agreement, allgather, allreduce, arrays, broadcast, nest, packing, reduce, reduce_scatter, stall
 from .algorithms import choose, flat
 from .deadline import Caller
 from .ops import Op, parse_op, rules
@@ -64,6 +64,7 @@ class Engine:
         self._broken: str | None = None
         self._hashes: dict[tuple, int] = {}
         self._fast: dict[tuple, tuple[int, Any]] = {}
+        self._monitor = stall.Monitor(self.topology.comm) if stall.enabled() else None
 
     @property
     def rank(self) -> int:
@@ -136,18 +137,36 @@ class Engine:
         """Wait until every rank has called barrier (under the same deadline rules)."""
         self._check_usable("barrier")
         timeout = self._check_timeout(timeout_seconds, "barrier")
-        Caller("barrier", timeout, self._break).nonblocking(self.topology.comm, "Barrier")
+        if self._monitor is not None:
+            self._monitor.enter("barrier")
+        try:
+            Caller("barrier", timeout, self._break).nonblocking(self.topology.comm, "Barrier")
+        finally:
+            if self._monitor is not None:
+                self._monitor.leave()
 
     def close(self) -> None:
         """Free the engine's communicators (collective). The caller's communicator is untouched."""
+        if self._monitor is not None:
+            self._monitor.close()
         self.topology.free()
         self._broken = "the engine was closed"
 
     # -- shared steps --------------------------------------------------------------------------------
 
-    def _run(self, where: str, module: ModuleType, value: Any, op_root: tuple, params: dict,
-             bytes_per_pack: int | None, num_packs: int | None, algorithm: str | None,
-             timeout_seconds: float | None) -> Any:
+    def _run(self, where: str, *args: Any) -> Any:
+        monitor = self._monitor
+        if monitor is None:
+            return self._collective(where, *args)
+        monitor.enter(where)
+        try:
+            return self._collective(where, *args)
+        finally:
+            monitor.leave()
+
+    def _collective(self, where: str, module: ModuleType, value: Any, op_root: tuple, params: dict,
+                    bytes_per_pack: int | None, num_packs: int | None, algorithm: str | None,
+                    timeout_seconds: float | None) -> Any:
         if self._broken is not None:
             self._check_usable(where)
         if bytes_per_pack is None and num_packs is None and algorithm is None:  # hot path: defaults
@@ -191,10 +210,18 @@ class Engine:
         def transfer(send: np.ndarray, recv: np.ndarray) -> None:
             comm.Allreduce(send, recv, mop)
 
+        monitor = self._monitor
+
         def fast(x: np.ndarray) -> np.ndarray:
-            if h is not None:
-                agreement.agree_blocking(comm, h, key, _describe, "allreduce")
-            return allreduce.one(x, wire, mop, red, size, transfer)
+            if monitor is not None:
+                monitor.enter("allreduce")
+            try:
+                if h is not None:
+                    agreement.agree_blocking(comm, h, key, _describe, "allreduce")
+                return allreduce.one(x, wire, mop, red, size, transfer)
+            finally:
+                if monitor is not None:
+                    monitor.leave()
 
         if len(self._fast) > 256:
             self._fast.clear()

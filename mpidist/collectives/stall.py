@@ -1,0 +1,182 @@
+"""Stall reports: when a collective has waited ``rc.stall_seconds``, log which ranks have not
+arrived, where each of them is, and optionally abort the job after ``rc.stall_abort_seconds``.
+
+Each engine has a Monitor that records which collective this rank is in (a sequence number and a
+name: two attribute writes per collective). One daemon thread per process wakes every quarter
+second to (a) answer peers' questions ("where are you?") on a private clone of the communicator,
+with the collective this rank is in or last finished and the line of user code its main thread is
+running, and (b) watch this rank's own collectives: past the threshold it asks every peer and logs
+one report. Needs MPI_THREAD_MULTIPLE (what mpi4py asks for by default); without it, reports are off.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from mpi4py import MPI
+
+from .._config import rc
+
+_log = logging.getLogger("mpidist")
+_QUERY, _REPLY = 1, 2
+_TICK = 0.25
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def call_site(thread_id: int | None) -> str:
+    """``file:line (function)`` of the innermost frame of a thread outside mpidist."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+class Monitor:
+    """Which collective this rank is in; see the module docstring."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm.Clone()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.seq = 0
+        self.current: tuple[int, str, float, int] | None = None   # seq, name, start, thread id
+        self.last = (0, "none")
+        self.reported = 0
+        self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
+        self._sends: list[MPI.Request] = []
+        _register(self)
+
+    def enter(self, name: str) -> None:
+        self.seq += 1
+        self.current = (self.seq, name, time.monotonic(), threading.get_ident())
+
+    def leave(self) -> None:
+        if self.current is not None:
+            self.last = self.current[:2]
+        self.current = None
+
+    # -- run by the monitor thread ---------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        current = self.current
+        if current is not None:
+            return {"seq": current[0], "name": current[1], "inside": True, "site": call_site(current[3])}
+        return {"seq": self.last[0], "name": self.last[1], "inside": False,
+                "site": call_site(threading.main_thread().ident)}
+
+    def _serve(self) -> None:
+        self._sends = [req for req in self._sends if not req.Test()]
+        while True:
+            done, msg = self._recv.test()
+            if not done:
+                return
+            self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
+            self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
+
+    def _watch(self) -> None:
+        current = self.current
+        if current is None or rc.stall_seconds is None:
+            return
+        seq, name, start, thread = current
+        waited = time.monotonic() - start
+        if waited >= rc.stall_seconds and self.reported != seq:
+            self.reported = seq
+            _log.warning(self._report(seq, name, waited, thread))
+        if rc.stall_abort_seconds is not None and waited >= rc.stall_abort_seconds:
+            _log.error("mpidist: %s #%d on rank %d has waited %.0f s (rc.stall_abort_seconds): aborting the job",
+                       name, seq, self.rank, waited)
+            MPI.COMM_WORLD.Abort(1)
+
+    def _report(self, seq: int, name: str, waited: float, thread: int) -> str:
+        peers = [r for r in range(self.size) if r != self.rank]
+        for r in peers:
+            self._sends.append(self.comm.isend(self.rank, dest=r, tag=_QUERY))
+        replies: dict[int, dict[str, Any]] = {}
+        pending = {r: self.comm.irecv(source=r, tag=_REPLY) for r in peers}
+        deadline = time.monotonic() + 5.0
+        while pending and time.monotonic() < deadline:
+            self._serve()
+            for r, req in list(pending.items()):
+                done, state = req.test()
+                if done:
+                    replies[r] = state
+                    del pending[r]
+            time.sleep(0.01)
+        for req in pending.values():
+            req.Cancel()
+            req.Wait()
+        late = [r for r, s in sorted(replies.items()) if not (s["inside"] and s["seq"] == seq and s["name"] == name)]
+        lines = [f"mpidist: stall: {name} #{seq} on rank {self.rank} has waited {waited:.0f} s "
+                 f"(called at {call_site(thread)}); "
+                 f"{'ranks not in it: ' + ', '.join(map(str, late + sorted(pending))) if late or pending else 'every rank is in it'}"]
+        for r in late:
+            s = replies[r]
+            where = "waiting in" if s["inside"] else "last finished"
+            lines.append(f"  rank {r}: {where} {s['name']} #{s['seq']}, at {s['site']}")
+        for r in sorted(pending):
+            lines.append(f"  rank {r}: did not answer within 5 s")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        _unregister(self)
+        if not MPI.Is_finalized():
+            self._recv.Cancel()
+            self.comm.Free()
+
+
+# -- the one monitor thread of the process -----------------------------------------------------------
+_monitors: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+_lock = threading.Lock()
+_thread: list[threading.Thread] = []
+_stop = threading.Event()
+
+
+def enabled() -> bool:
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def _register(monitor: Monitor) -> None:
+    with _lock:
+        _monitors.add(monitor)
+        if not _thread:
+            thread = threading.Thread(target=_loop, name="mpidist-monitor", daemon=True)
+            _thread.append(thread)
+            atexit.register(_shutdown)
+            thread.start()
+
+
+def _unregister(monitor: Monitor) -> None:
+    with _lock:
+        _monitors.discard(monitor)
+
+
+def _loop() -> None:
+    while not _stop.wait(_TICK):
+        with _lock:
+            monitors = list(_monitors)
+        for monitor in monitors:
+            try:
+                monitor._serve()
+                monitor._watch()
+            except Exception as err:  # never let diagnostics kill the program
+                _log.debug("mpidist monitor: %s", err)
+
+
+def _shutdown() -> None:
+    """Stop the thread before MPI_Finalize (atexit runs before mpi4py finalizes)."""
+    _stop.set()
+    for thread in _thread:
+        thread.join(timeout=2.0)
+    with _lock:
+        for monitor in list(_monitors):
+            if not MPI.Is_finalized():
+                try:
+                    monitor._recv.Cancel()
+                except Exception:
+                    pass
