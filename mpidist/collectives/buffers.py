@@ -8,9 +8,10 @@ to the array that owns the memory, so the block's reference count says whether a
 view of one, is still alive. Users see ordinary arrays they own; memory is reused only after
 they drop them.
 
-Blocks are matched by exact byte size (a training loop reduces the same sizes every step). The
-pool holds at most ``rc.buffer_pool_bytes`` (0 disables it); requests under ``MIN_BYTES`` use
-plain ``numpy.empty``.
+Blocks come in size classes (four per power of two: 1, 1.25, 1.5, 1.75 × 2^k bytes), so requests of
+nearby sizes share blocks and at most a quarter of a block is unused. The pool holds at most
+``rc.buffer_pool_bytes`` (0 disables it), evicting free blocks of the least recently used classes
+first; requests under ``MIN_BYTES`` use plain ``numpy.empty``.
 """
 from __future__ import annotations
 
@@ -30,20 +31,27 @@ _blocks: "OrderedDict[int, list[np.ndarray]]" = OrderedDict()
 _held = 0
 
 
+def size_class(nbytes: int) -> int:
+    """The smallest of 2^k, 1.25·2^k, 1.5·2^k, 1.75·2^k bytes that holds ``nbytes``."""
+    step = 1 << max(0, nbytes.bit_length() - 3)  # a quarter of the power of two below nbytes
+    return -(-nbytes // step) * step
+
+
 def empty(count: int, dtype: np.dtype) -> np.ndarray:
     """A 1-D array of ``count`` elements of ``dtype``, from the pool when it is large."""
     nbytes = count * dtype.itemsize
     if nbytes < MIN_BYTES or rc.buffer_pool_bytes == 0:
         return np.empty(count, dtype=dtype)
+    size = size_class(nbytes)
     with _lock:
-        for block in _blocks.get(nbytes, ()):
+        for block in _blocks.get(size, ()):
             if sys.getrefcount(block) == _FREE_REFS:
-                _blocks.move_to_end(nbytes)
-                return block.view(dtype)
-        block = np.empty(nbytes, dtype=np.uint8)
-        if _make_room(nbytes):
-            _blocks.setdefault(nbytes, []).append(block)
-    return block.view(dtype)
+                _blocks.move_to_end(size)
+                return block[:nbytes].view(dtype)
+        block = np.empty(size, dtype=np.uint8)
+        if _make_room(size):
+            _blocks.setdefault(size, []).append(block)
+    return block[:nbytes].view(dtype)
 
 
 def empty_like(array: np.ndarray) -> np.ndarray:

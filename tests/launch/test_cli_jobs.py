@@ -33,3 +33,11 @@ def test_bench_smoke(mpirun):
     rows = json.loads(job.output[job.output.index("["):])
     assert [r["case"] for r in rows] == ["allreduce 4 KB", "allreduce 300 KB", "10 x 4 KB nest"]
     assert all(r["raw"] > 0 and r["mpidist"] > 0 for r in rows)
+
+
+def test_soak_smoke(mpirun):
+    """A short soak: random collectives, every result checked exactly on every rank."""
+    job = mpirun(2, "-m", "mpidist", "soak", "--collectives", "150", "--max-bytes", "600KB", "--json")
+    assert job.returncode == 0, job.output
+    result = json.loads(job.output[job.output.index("{"):])
+    assert result["wrong_results"] == 0 and result["collectives"] == 150 and result["ranks"] == 2
