@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import JOBS, kill_job, mpirun_command
+from launching import JOBS, kill_job, mpirun_command
 
 
 def test_killed_save_keeps_previous_checkpoint(tmp_path, mpirun):

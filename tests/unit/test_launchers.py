@@ -16,6 +16,10 @@ def test_detect_each_launcher():
     # mpirun inside a Slurm allocation: mpirun is the launcher of this process
     both = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}
     assert launchers.detect(both).name == "mpirun (Open MPI)"
+    # the batch script of a 4-task allocation is one process: no singleton warning for it
+    batch = launchers.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+    assert batch.name.startswith("sbatch") and batch.tasks == 1 and batch.detail == "allocation of 4 tasks"
+    assert launchers.check_world_size(1, {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) is None
 
 
 def test_warns_when_srun_tasks_run_as_singletons(caplog):

@@ -1,0 +1,383 @@
+"""A real single-node Slurm for tests: Debian packages, daemons in a temporary directory, as root.
+
+    ensure_installed()               # apt-get install the packages once (idempotent)
+    with SlurmCluster() as cluster:  # munged, slurmctld, slurmd; stopped (and swept) on exit
+        job = cluster.submit("slurm/cpu_multinode.sbatch", "job.py", options=["-N1", "-n2"])
+        assert job.exit_code == 0, job
+
+The node advertises ``cpus`` CPUs whatever the hardware has (``SlurmdParameters=config_overrides``)
+and ``gpus`` fake GPUs (character devices that are /dev/null, so Slurm sets CUDA_VISIBLE_DEVICES).
+Every wait has a timeout; a failure message carries the daemons' log tails.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import glob
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "libpmix2")
+COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Variables of an outer launcher or allocation that would confuse our clients and jobs.
+LAUNCHER_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMIX_", "PMI_", "PRTE_", "OPAL_PREFIX")
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+class ClusterUnavailable(RuntimeError):
+    """Slurm cannot run here (not root, no apt-get, packages not installable): tests should skip."""
+
+
+def _which(command: str) -> str | None:
+    return shutil.which(command, path=os.environ.get("PATH", "") + ":" + SBIN_PATH)
+
+
+def _missing() -> list[str]:
+    missing = [c for c in COMMANDS if _which(c) is None]
+    if not glob.glob("/usr/lib/*/slurm-wlm/mpi_pmix*.so"):
+        missing.append("slurm pmix plugin (mpi_pmix.so)")
+    if not glob.glob("/usr/lib/*/pmix2/lib/libpmix.so.2"):
+        missing.append("libpmix.so.2 (libpmix2)")
+    return missing
+
+
+def _run(cmd: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterUnavailable(f"`{' '.join(cmd)}` did not finish in {timeout:.0f} s") from exc
+
+
+def ensure_installed(timeout: float = 300.0) -> None:
+    """Install the Debian packages when a command or plugin is missing, then fix the pmix plugin.
+
+    Raises ClusterUnavailable (with what was expected and what came) when that is not possible.
+    """
+    missing = _missing()
+    if missing:
+        if os.geteuid() != 0:
+            raise ClusterUnavailable(f"Slurm is not installed (missing: {', '.join(missing)}) and "
+                                     f"installing it needs root; this is uid {os.geteuid()}")
+        apt = _which("apt-get")
+        if apt is None:
+            raise ClusterUnavailable(f"Slurm is not installed (missing: {', '.join(missing)}) and there "
+                                     f"is no apt-get to install {' '.join(PACKAGES)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        opts = ["-o", "DPkg::Lock::Timeout=60", "-o", "Acquire::http::Timeout=30"]
+        install = [apt, *opts, "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
+        with _no_service_starts():  # the packages' postinst scripts must not start system daemons
+            update = _run([apt, *opts, "update", "-qq"], timeout, env)  # a failure may still leave lists
+            proc = _run(install, timeout, env)
+        if proc.returncode != 0:
+            raise ClusterUnavailable(
+                f"`{' '.join(install)}` exited with {proc.returncode}, expected 0:\n"
+                f"{(proc.stdout + proc.stderr)[-1500:]}\n(apt-get update exited with {update.returncode}: "
+                f"{(update.stdout + update.stderr)[-500:]})")
+        if _missing():
+            raise ClusterUnavailable(f"still missing after apt-get install: {', '.join(_missing())}")
+    # The pmix plugin dlopen()s the unversioned libpmix.so, which only libpmix-dev would provide.
+    for versioned in glob.glob("/usr/lib/*/pmix2/lib/libpmix.so.2"):
+        link = Path(versioned).with_name("libpmix.so")
+        if not link.exists():
+            if os.geteuid() != 0:
+                raise ClusterUnavailable(f"{link} is missing (srun --mpi=pmix needs it) and creating it needs root")
+            link.symlink_to("libpmix.so.2")
+
+
+@contextlib.contextmanager
+def _no_service_starts() -> Iterator[None]:
+    policy = Path("/usr/sbin/policy-rc.d")
+    if policy.exists():
+        yield
+        return
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    try:
+        yield
+    finally:
+        policy.unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of the daemons: SIGTERM when the test process dies, even of SIGKILL (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def kill_processes_of(conf: Path) -> list[int]:
+    """SIGKILL every process whose environment holds SLURM_CONF=conf (daemons, steps, tasks)."""
+    marker, killed = f"SLURM_CONF={conf}".encode(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except OSError:
+            continue
+    return killed
+
+
+def clean_stale_clusters() -> None:
+    """Remove the leftovers of test sessions that were killed (SIGKILL) before they could stop."""
+    for root in Path(tempfile.gettempdir()).glob("mpidist-slurm-*"):
+        try:
+            owner = int((root / "owner").read_text())
+            os.kill(owner, 0)
+            continue  # its session still runs
+        except (OSError, ValueError):
+            pass
+        kill_processes_of(root / "slurm.conf")
+        if not (root / "kept").exists():
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default os.environ) without the variables of an outer launcher or allocation."""
+    env = dict(os.environ if base is None else base)
+    return {k: v for k, v in env.items()
+            if not k.startswith(LAUNCHER_PREFIXES)
+            and not (k.startswith("OMPI_") and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT"))}
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    state: str        # COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    exit_code: int    # the batch script's exit status (ExitCode=N:S)
+    signal: int       # the signal that ended it, 0 if none
+    output: str       # stdout and stderr of the batch script and all its steps
+    seconds: float    # from submission to a final state
+
+    def tagged(self, tag: str = "MPIDIST ") -> list[str]:
+        """The output lines that start with ``tag``, without it."""
+        return [line[len(tag):] for line in self.output.splitlines() if line.startswith(tag)]
+
+    def __str__(self) -> str:
+        return (f"job {self.job_id}: {self.state}, exit code {self.exit_code}, signal {self.signal}, "
+                f"{self.seconds:.1f} s; output:\n{self.output}")
+
+
+class SlurmCluster:
+    """One node (this host) running slurmctld and slurmd as root, in a fresh temporary directory."""
+
+    def __init__(self, cpus: int = 4, gpus: int = 4) -> None:
+        self.cpus, self.gpus = cpus, gpus
+        self.host = socket.gethostname().split(".")[0]  # what `hostname -s` prints
+        clean_stale_clusters()
+        self.root = Path(tempfile.mkdtemp(prefix="mpidist-slurm-"))
+        (self.root / "owner").write_text(str(os.getpid()))
+        self.conf = self.root / "slurm.conf"
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._started = False
+
+    # ---- environment for clients and jobs ----------------------------------------------------
+    def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = clean_environ()
+        env["PATH"] = env.get("PATH", "") + ":" + SBIN_PATH
+        env["SLURM_CONF"] = str(self.conf)  # clients find the cluster only through this
+        if os.geteuid() == 0:               # Open MPI refuses root unless told
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env.update(extra or {})
+        return env
+
+    def command(self, *cmd: str, timeout: float = 15.0) -> subprocess.CompletedProcess:
+        """Run a Slurm client command against this cluster."""
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=self.environ())
+
+    # ---- start / stop ------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> None:
+        atexit.register(self.stop)
+        self._started = True
+        for sub in ("state", "spool", "munge", "dev"):
+            (self.root / sub).mkdir(mode=0o700)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        munge_socket = self.root / "munge" / "munge.socket"
+        gres = self._fake_gpus()
+        self.conf.write_text(self._slurm_conf(munge_socket, gres))
+        if gres:
+            (self.root / "gres.conf").write_text(f"Name=gpu File={self.root}/dev/nvidia[0-{self.gpus - 1}]\n")
+
+        m = self.root / "munge"
+        self._spawn("munged", "munged", "-F", "-f", f"--key-file={key}", f"--socket={munge_socket}",
+                    f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'seed'}")
+        self._wait(lambda: munge_socket.exists(), timeout, f"munged's socket {munge_socket}")
+        self._spawn("slurmctld", "slurmctld", "-D", "-f", str(self.conf))
+        self._spawn("slurmd", "slurmd", "-D", "-f", str(self.conf), "-N", self.host)
+        self._wait(self._node_idle, timeout, f"node {self.host} in state idle (sinfo)")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Cancel jobs, stop the daemons, kill whatever still runs under this cluster. Idempotent."""
+        if not self._started:
+            return
+        self._started = False
+        with contextlib.suppress(Exception):
+            if self._procs.get("slurmctld") and self._procs["slurmctld"].poll() is None:
+                self.command("scancel", "--user", str(os.geteuid()), timeout=5)
+                self._wait(lambda: not self.command("squeue", "-h", "-o", "%i", timeout=5).stdout.strip(),
+                           timeout / 2, "no jobs left in squeue")
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self._procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout / 4)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        kill_processes_of(self.conf)
+        if os.environ.get("MPITEST_SLURM_KEEP") == "1":
+            (self.root / "kept").touch()
+            print(f"slurm test cluster kept in {self.root}")
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "SlurmCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- jobs --------------------------------------------------------------------------------
+    def submit(self, script: str | Path, *args: str, options: Sequence[str] = (),
+               env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+               timeout: float = 45.0) -> JobResult:
+        """sbatch ``script`` with ``args``, wait for a final state (polling scontrol), return the result."""
+        out = self.root / "job-%j.out"
+        cmd = ["sbatch", "--parsable", f"--output={out}", "--time=2", *options, str(script), *args]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=15, cwd=cwd, env=self.environ(env))
+        if proc.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}, expected a job id:\n"
+                               f"{proc.stdout}{proc.stderr}")
+        job_id = proc.stdout.strip().split(";")[0]
+        fields: dict[str, str] = {}
+        while time.monotonic() - start < timeout:
+            fields = self.job_fields(job_id)
+            if fields.get("JobState") in FINAL_STATES:
+                break
+            time.sleep(0.2)
+        else:
+            self.command("scancel", job_id)
+            raise TimeoutError(f"job {job_id} ({' '.join(cmd)}) not finished after {timeout:.0f} s: "
+                               f"JobState={fields.get('JobState')} Reason={fields.get('Reason')}; output so far:\n"
+                               f"{self._read(Path(str(out).replace('%j', job_id)))}\n{self.logs()}")
+        code, _, sig = fields.get("ExitCode", "-1:0").partition(":")
+        output = self._read(Path(str(out).replace("%j", job_id)))
+        return JobResult(job_id, fields["JobState"], int(code), int(sig or 0), output, time.monotonic() - start)
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        text = self.command("scontrol", "-o", "show", "job", job_id).stdout
+        return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+
+    def logs(self, chars: int = 1500) -> str:
+        parts = []
+        for path in [*sorted(self.root.glob("*.log")), *sorted(self.root.glob("*.stderr")),
+                     *sorted(self.root.glob("munge/*.log"))]:
+            parts.append(f"--- {path.name} (last {chars} characters)\n{self._read(path)[-chars:]}")
+        return "\n".join(parts)
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _slurm_conf(self, munge_socket: Path, gres: str) -> str:
+        r = self.root
+        return f"""\
+ClusterName=mpidisttest
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={munge_socket}
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/slurmctld.log
+SlurmdLogFile={r}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+SchedulerType=sched/builtin
+SchedulerParameters=batch_sched_delay=0
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+KillWait=5
+MinJobAge=600
+{"GresTypes=gpu" if gres else ""}
+NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} {gres} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+    def _fake_gpus(self) -> str:
+        """Character devices standing for GPUs (Slurm sets CUDA_VISIBLE_DEVICES from their numbers)."""
+        try:
+            for i in range(self.gpus):
+                os.mknod(self.root / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError:
+            self.gpus = 0  # no mknod here (unprivileged container): no GPU tests
+        return f"Gres=gpu:{self.gpus}" if self.gpus else ""
+
+    def _spawn(self, name: str, *cmd: str) -> None:
+        exe = _which(cmd[0])
+        if exe is None:
+            raise ClusterUnavailable(f"{cmd[0]} not found on PATH or in {SBIN_PATH}")
+        log = open(self.root / f"{name}.stderr", "w")
+        with log:
+            self._procs[name] = subprocess.Popen([exe, *cmd[1:]], stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT, env=self.environ(),
+                                                 cwd=self.root, start_new_session=True,
+                                                 preexec_fn=_die_with_parent)
+
+    def _node_idle(self) -> bool:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode} while starting, expected it to run:\n"
+                                   f"{self._read(self.root / f'{name}.stderr')}\n{self.logs()}")
+        state = self.command("sinfo", "-h", "-N", "-n", self.host, "-o", "%T", timeout=5).stdout.strip()
+        return state == "idle"
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"waited {timeout:.0f} s for {what}, it did not come\n{self.logs()}")
+
+    @staticmethod
+    def _read(path: Path) -> str:
+        try:
+            return path.read_text(errors="replace")
+        except OSError as exc:
+            return f"<cannot read {path}: {exc.strerror}>"
