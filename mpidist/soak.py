@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .bench import parse_size
+from .bench.timing import parse_size
 from .collectives import Engine
 
 _DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8, np.bool_]

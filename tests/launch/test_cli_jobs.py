@@ -41,3 +41,19 @@ def test_soak_smoke(mpirun):
     assert job.returncode == 0, job.output
     result = json.loads(job.output[job.output.index("{"):])
     assert result["wrong_results"] == 0 and result["collectives"] == 150 and result["ranks"] == 2
+
+
+def test_bench_sweep_smoke(mpirun, tmp_path):
+    """The nccl-tests-style sweep runs for every collective and draws its plot (no timing asserted)."""
+    png = tmp_path / "sweep.png"
+    job = mpirun(2, "-m", "mpidist", "bench", "sweep", "--max", "16KB", "--seconds", "0.05", "--json",
+                 "--plot", str(png))
+    assert job.returncode == 0, job.output
+    rows = json.loads(job.output[job.output.index("["):])
+    assert {r["collective"] for r in rows} == {"allreduce", "allgather", "broadcast", "reduce_scatter"}
+    assert {r["bytes"] for r in rows if r["collective"] == "allreduce"} == {4096, 16384}
+    for r in rows:
+        assert r["mpidist"]["busbw"] > 0 and r["raw"]["busbw"] > 0
+    allreduce = next(r for r in rows if r["collective"] == "allreduce")
+    assert allreduce["mpidist"]["busbw"] == pytest.approx(allreduce["mpidist"]["algbw"])  # 2(p-1)/p = 1 at p=2
+    assert png.stat().st_size > 1000

@@ -1,8 +1,4 @@
-"""``python -m mpidist bench``: the engine against raw mpi4py, measured in the same run.
-
-Run under mpirun, e.g. ``mpirun -n 2 python -m mpidist bench``. For every case, blocks of raw
-and engine calls alternate (so machine noise hits both alike); each block is timed after a
-barrier and divided by its call count; the table gives medians over blocks. Rank 0 prints.
+"""``python -m mpidist bench [summary]``: the engine against raw mpi4py on the headline cases.
 
 Cases: one float32 array of each ``--sizes`` (raw: ``comm.Allreduce``), and a nest of
 ``--nest`` arrays of 4 KB (raw: one ``Allreduce`` per array, and the hand-fused best case:
@@ -12,54 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from ._config import rc
-from .collectives import Engine
-
-_UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B") + "B" if text[-1:].isalpha() else text
-    for unit, factor in _UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
-
-
-def _block_time(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
-    settings = getattr(fn, "settings", {})  # e.g. check_agreement=False for the whole block
-    with rc.override(**settings):
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-
-
-def compare(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
-    """Median seconds per call of each case; short blocks (~10 ms) of each case interleaved."""
-    probe = max(_block_time(comm, fn, 1) for fn in cases.values())  # also warms up
-    probe = max(probe, _block_time(comm, next(iter(cases.values())), 3))
-    calls = int(comm.bcast(max(1, min(2000, int(0.01 / max(probe, 1e-7)))), root=0))
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    deadline = time.perf_counter() + seconds
-    rounds = 0
-    while True:
-        for name, fn in cases.items():
-            samples[name].append(_block_time(comm, fn, calls))
-        rounds += 1
-        # all ranks stop together: rank 0 decides
-        if comm.bcast(rounds >= 5 and time.perf_counter() > deadline, root=0):
-            break
-    return {name: statistics.median(s) for name, s in samples.items()}
-
+from ..collectives import Engine
+from .timing import compare, fmt_size, parse_size
 
 def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm | None = None) -> list[dict]:
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -75,7 +29,7 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
         engine_off.settings = {"check_agreement": False}  # type: ignore[attr-defined]
         times = compare(comm, {"raw": lambda: raw.Allreduce(x, out), "mpidist": lambda: engine.allreduce(x),
                                "mpidist, agreement off": engine_off}, seconds)
-        rows.append({"case": f"allreduce {_fmt(nbytes)}", "bytes": nbytes, **times})
+        rows.append({"case": f"allreduce {fmt_size(nbytes)}", "bytes": nbytes, **times})
     if nest_count:
         leaves = [np.full(1024, i, dtype=np.float32) for i in range(nest_count)]
         outs = [np.empty_like(a) for a in leaves]
@@ -96,13 +50,6 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
     return rows
 
 
-def _fmt(nbytes: int) -> str:
-    for unit in ("GB", "MB", "KB"):
-        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
-            return f"{nbytes // _UNITS[unit]} {unit}"
-    return f"{nbytes} B"
-
-
 def table(rows: list[dict], size: int) -> str:
     lines = [f"mpidist bench: allreduce, float32, {size} ranks, medians (ms); ratio = raw / mpidist time",
              f"{'case':<22}{'raw':>11}{'mpidist':>11}{'added':>11}{'ratio':>8}   other"]
@@ -115,7 +62,7 @@ def table(rows: list[dict], size: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidist bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpidist bench summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="4KB,4MB,64MB", help="comma-separated sizes (default 4KB,4MB,64MB)")
     parser.add_argument("--nest", type=int, default=100, help="arrays of 4 KB in the nest case (0: skip)")
     parser.add_argument("--seconds", type=float, default=2.0, help="time spent per case (default 2)")

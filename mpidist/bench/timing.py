@@ -1,0 +1,60 @@
+"""Timing rules shared by the benchmarks: raw and mpidist blocks interleaved, medians.
+
+For every case, short blocks (about 10 ms) of each variant alternate, so machine noise hits both
+alike; each block starts after a barrier and is divided by its call count; results are medians over
+blocks. Rank 0 decides when to stop, so all ranks run the same number of blocks.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from mpi4py import MPI
+
+from .._config import rc
+
+_UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B") + "B" if text[-1:].isalpha() else text
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def _block_time(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
+    settings = getattr(fn, "settings", {})  # e.g. check_agreement=False for the whole block
+    with rc.override(**settings):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+
+
+def compare(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
+    """Median seconds per call of each case; short blocks (~10 ms) of each case interleaved."""
+    probe = max(_block_time(comm, fn, 1) for fn in cases.values())  # also warms up
+    probe = max(probe, _block_time(comm, next(iter(cases.values())), 3))
+    calls = int(comm.bcast(max(1, min(2000, int(0.01 / max(probe, 1e-7)))), root=0))
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while True:
+        for name, fn in cases.items():
+            samples[name].append(_block_time(comm, fn, calls))
+        rounds += 1
+        # all ranks stop together: rank 0 decides
+        if comm.bcast(rounds >= 5 and time.perf_counter() > deadline, root=0):
+            break
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def fmt_size(nbytes: int) -> str:
+    for unit in ("GB", "MB", "KB"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]} {unit}"
+    return f"{nbytes} B"
