@@ -1,0 +1,14 @@
+"""mpidist's TensorFlow integration: genuine ``tf.distribute.Strategy`` objects on an engine.
+
+Importing this package imports TensorFlow; nothing below ``mpidist/tensorflow`` does. This
+module only re-exports. ``make_strategy`` is the entry point the public strategy classes use.
+"""
+from . import checkpoint
+from .collectives import XlaCollectiveError
+from .extended import MPIExtended
+from .input import MPIDistributedDataset
+from .replica_context import MPIReplicaContext
+from .strategy import KINDS, MPIStrategy, make_strategy
+
+__all__ = ["make_strategy", "KINDS", "MPIStrategy", "MPIExtended", "MPIReplicaContext",
+           "MPIDistributedDataset", "XlaCollectiveError", "checkpoint"]

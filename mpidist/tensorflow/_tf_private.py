@@ -1,0 +1,140 @@
+"""Every private TensorFlow symbol mpidist.tensorflow uses, imported here and nowhere else.
+
+A genuine ``tf.distribute.Strategy`` needs a few of TensorFlow's internals (found with TF 2.21 /
+Keras 3.15; see docs/DESIGN.md section 8). Each one is imported under a guard: when a TensorFlow
+release moves or drops one, importing mpidist.tensorflow fails with an error that names the
+symbol and the TensorFlow version, instead of an AttributeError deep inside a training step.
+Optional symbols (a faster path only) fall back silently.
+
+Required:
+- ``distribute_lib.UpdateContext``: the cross-replica update context (``extended.update``) that
+  tells distributed variables which replica's component to update.
+- ``values.SyncOnReadVariable``: the variable kind Keras metrics are made of under a strategy;
+  reads in cross-replica context aggregate over replicas (global epoch metrics). mpidist uses a
+  subclass whose cross-replica ``assign`` (``metric.reset_state()``) returns the aggregate without
+  a collective: after such an assign every replica holds the same value, so the aggregate is
+  known locally (TensorFlow's reads it back through an all-reduce).
+- ``values_util.is_saving_non_distributed`` and ``distribute_lib.get_update_replica_id``: the
+  two context checks ``SyncOnReadVariable.assign`` itself makes.
+- ``control_flow_util.GraphOrParentsInXlaContext``: whether code is being traced for XLA, where
+  a ``tf.numpy_function`` cannot run.
+- ``trackable.base.CheckpointInitialValue`` / ``CheckpointInitialValueCallable``: initial
+  values that come from a checkpoint being restored (equal on every rank, not broadcast).
+
+Optional:
+- ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets
+  collectives skip the custom-gradient wrapper when nothing can differentiate through them.
+- ``ops.script_ops._py_funcs`` and ``ops.gen_script_ops.py_func``: the registry and the op behind
+  ``tf.numpy_function``. Registering the collective's function directly skips the AutoGraph
+  wrapper ``tf.numpy_function`` puts around every call (measured here: 90 -> 70 us per op). Without
+  them, ``tf.numpy_function`` itself is used.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import tensorflow as tf
+
+TESTED_WITH = "TensorFlow 2.16 to 2.21"
+
+
+def _require(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(
+            f"mpidist.tensorflow: this TensorFlow ({tf.__version__}) has no {module}.{name}, a private "
+            f"symbol mpidist needs (tested with {TESTED_WITH}); install a tested TensorFlow version "
+            f"({type(error).__name__}: {error})") from error
+
+
+def _optional(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+_TF = "tensorflow.python."
+REQUIRED = (  # module, symbol
+    (_TF + "distribute.distribute_lib", "UpdateContext"),
+    (_TF + "distribute.distribute_lib", "get_update_replica_id"),
+    (_TF + "distribute.values", "SyncOnReadVariable"),
+    (_TF + "distribute.values_util", "is_saving_non_distributed"),
+    (_TF + "ops.control_flow_util", "GraphOrParentsInXlaContext"),
+    (_TF + "trackable.base", "CheckpointInitialValue"),
+    (_TF + "trackable.base", "CheckpointInitialValueCallable"),
+)
+OPTIONAL = (
+    (_TF + "eager.record", "could_possibly_record"),
+    (_TF + "ops.script_ops", "_py_funcs"),
+    (_TF + "ops.gen_script_ops", "py_func"),
+)
+
+(UpdateContext, _get_update_replica_id, SyncOnReadVariable, _is_saving_non_distributed, _graph_in_xla,
+ CheckpointInitialValue, CheckpointInitialValueCallable) = [_require(m, n) for m, n in REQUIRED]
+_could_possibly_record, _py_funcs, _py_func_op = [_optional(m, n) for m, n in OPTIONAL]
+
+
+def in_xla_context() -> bool:
+    """True while tracing code that XLA will compile (``tf.function(jit_compile=True)``)."""
+    if tf.executing_eagerly():
+        return False
+    return bool(_graph_in_xla(tf.compat.v1.get_default_graph()))
+
+
+def may_record_gradients() -> bool:
+    """False only when no gradient tape can be recording (then no custom gradient is needed)."""
+    if _could_possibly_record is None:
+        return True
+    return bool(_could_possibly_record())
+
+
+def is_checkpoint_initial_value(initial_value: Any) -> bool:
+    """Whether a variable's initial value is being restored from a checkpoint."""
+    func = getattr(initial_value, "func", None)  # functools.partial around one (Keras does this)
+    return isinstance(initial_value, (CheckpointInitialValue, CheckpointInitialValueCallable)) or \
+        isinstance(func, CheckpointInitialValueCallable)
+
+
+class _SyncOnReadVariable(SyncOnReadVariable):
+    """TensorFlow's SyncOnReadVariable; a cross-replica ``assign`` reads its result back locally."""
+
+    def assign(self, value: Any, use_locking: bool = False, name: Any = None, read_value: bool = True) -> Any:
+        strategy = self._distribute_strategy
+        every_replica = (not _is_saving_non_distributed() and _get_update_replica_id() is None and
+                         (not tf.distribute.has_strategy() or (tf.distribute.get_strategy() is strategy and
+                                                               tf.distribute.in_cross_replica_context())))
+        if not read_value or not every_replica:
+            return super().assign(value, use_locking, name, read_value)
+        assigned = super().assign(value, use_locking, name, read_value=False)
+        with tf.control_dependencies(None if tf.executing_eagerly() or assigned is None else [assigned]):
+            local = self._values[0].read_value()
+        if self.aggregation == tf.VariableAggregation.SUM:  # every replica holds value / replicas
+            return local * tf.cast(strategy.num_replicas_in_sync, local.dtype)
+        return local  # MEAN, ONLY_FIRST_REPLICA: every replica holds value
+
+
+def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
+    """Wrap this rank's ``variable`` as a SyncOnReadVariable of one component."""
+    return _SyncOnReadVariable(strategy, [variable], aggregation)
+
+
+def is_sync_on_read(value: Any) -> bool:
+    return isinstance(value, SyncOnReadVariable)
+
+
+def numpy_op(func: Callable[..., Any], inputs: list[Any], dtypes: list[Any], name: str) -> list[Any]:
+    """What ``tf.numpy_function(func, inputs, dtypes, stateful=True, name=name)`` builds, without
+    the AutoGraph wrapper around every call when TensorFlow's registry is reachable."""
+    if _py_funcs is None or _py_func_op is None or not hasattr(_py_funcs, "insert"):
+        return tf.numpy_function(func, inputs, dtypes, stateful=True, name=name)
+    token = _py_funcs.insert(func)
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None:  # the outermost graph outlives the function
+        graph = graph.outer_graph
+    if not hasattr(graph, "_py_funcs_used_in_graph"):
+        graph._py_funcs_used_in_graph = []  # pylint: disable=protected-access
+    graph._py_funcs_used_in_graph.append(func)  # keeps `func` alive (the registry holds weak references)
+    return _py_func_op(input=inputs, token=token, Tout=dtypes, name=name)

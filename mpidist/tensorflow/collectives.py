@@ -1,0 +1,161 @@
+"""The bridge from TensorFlow tensors to the engine: eager calls and ``tf.numpy_function``.
+
+Every function takes a list of tensors and makes ONE engine call for all of them (the engine
+packs them by ``bytes_per_pack``), in the order the program issues them:
+
+- eagerly, the tensors' NumPy values go straight to the engine and the results come back as
+  constants;
+- inside a ``tf.function``, one stateful ``tf.numpy_function`` op makes the call when the graph
+  runs. Automatic control dependencies keep stateful ops in program order, so every rank issues
+  its collectives in the same sequence. ``numpy_function`` loses static shapes: they are restored
+  with ``set_shape`` (and results are reshaped, since NumPy may turn a 0-d array into a 1-d one).
+
+XLA cannot compile a ``numpy_function``: tracing a collective for XLA raises
+:class:`XlaCollectiveError` at once, naming ``jit_compile``, instead of TensorFlow's later
+"No registered 'PyFunc' OpKernel for XLA_CPU_JIT".
+
+bfloat16 tensors travel as float32 (MPI has no such type) and are cast back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from . import _tf_private
+
+
+class XlaCollectiveError(tf.errors.UnimplementedError):
+    """A collective was traced for XLA (``jit_compile=True``), which cannot run it.
+
+    A ``tf.errors.UnimplementedError`` (so AutoGraph re-raises it with its type kept)."""
+
+    def __init__(self, node_def: Any, op: Any, message: str, *args: Any) -> None:
+        super().__init__(node_def, op, message, *args)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one engine call gets besides the data (None: the engine's rc default)."""
+    bytes_per_pack: int | None = None
+    timeout_seconds: float | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.bytes_per_pack:
+            out["bytes_per_pack"] = self.bytes_per_pack
+        if self.timeout_seconds is not None:
+            out["timeout_seconds"] = self.timeout_seconds
+        return out
+
+
+DEFAULT = CallOptions()
+
+
+def check_not_xla(where: str) -> None:
+    if _tf_private.in_xla_context():
+        raise XlaCollectiveError(None, None,
+            f"{where}: mpidist collectives cannot be compiled by XLA: the code is being traced with "
+            f"jit_compile=True (tf.function(jit_compile=True), or a Keras model compiled with "
+            f"jit_compile=True). mpidist runs collectives through MPI from a tf.numpy_function, which "
+            f"XLA cannot compile; use jit_compile=False (Keras: model.compile(..., jit_compile=False), "
+            f"the default under a distribution strategy)")
+
+
+def _to_wire(tensors: Sequence[Any]) -> tuple[list[tf.Tensor], list[tf.DType]]:
+    """Tensors as the engine can take them; bfloat16 goes as float32."""
+    wire, original = [], []
+    for t in tensors:
+        t = tf.convert_to_tensor(t)
+        original.append(t.dtype)
+        wire.append(tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t)
+    return wire, original
+
+
+def _from_wire(results: Sequence[tf.Tensor], original: Sequence[tf.DType]) -> list[tf.Tensor]:
+    return [tf.cast(r, d) if r.dtype != d else r for r, d in zip(results, original)]
+
+
+def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensors: Sequence[Any],
+          shapes: Callable[[tf.TensorShape], tf.TensorShape], where: str) -> list[tf.Tensor]:
+    """Run ``run`` (arrays -> arrays, same dtypes) on ``tensors``, eagerly or as one graph op."""
+    if not tensors:
+        return []
+    check_not_xla(where)
+    wire, original = _to_wire(tensors)
+    if tf.executing_eagerly():
+        results = run([t.numpy() for t in wire])
+        return _from_wire([tf.convert_to_tensor(r) for r in results], original)
+
+    def func(*arrays: np.ndarray) -> list[np.ndarray]:
+        return run(list(arrays))
+
+    outs = _tf_private.numpy_op(func, wire, [t.dtype for t in wire], name)
+    for out, t in zip(outs, wire):
+        out.set_shape(shapes(t.shape))
+    return _from_wire(outs, original)
+
+
+def _reshaped(results: Sequence[Any], arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    out = []
+    for r, a in zip(results, arrays):
+        r = np.asarray(r)
+        out.append(r if r.shape == a.shape else r.reshape(a.shape))
+    return out
+
+
+def _one_or_list(arrays: list[np.ndarray]) -> Any:
+    """A single array goes alone (the engine's cached fast path), several as one list."""
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def allreduce(engine: Any, tensors: Sequence[Any], op: str, options: CallOptions = DEFAULT,
+              where: str = "all_reduce") -> list[tf.Tensor]:
+    """Reduce every tensor over all ranks of ``engine`` with ``op`` ("sum", "mean", ...)."""
+    kwargs = options.kwargs()
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        result = engine.allreduce(_one_or_list(arrays), op, **kwargs)
+        return _reshaped([result] if len(arrays) == 1 else result, arrays)
+
+    return _call("mpidist_allreduce", run, tensors, lambda s: s, where)
+
+
+def broadcast(engine: Any, tensors: Sequence[Any], root: int = 0, options: CallOptions = DEFAULT,
+              where: str = "broadcast") -> list[tf.Tensor]:
+    """Every rank gets ``root``'s tensors (same shapes and dtypes on every rank)."""
+    kwargs = options.kwargs()
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        result = engine.broadcast(_one_or_list(arrays), root=root, **kwargs)
+        return _reshaped([result] if len(arrays) == 1 else result, arrays)
+
+    return _call("mpidist_broadcast", run, tensors, lambda s: s, where)
+
+
+def allgather(engine: Any, tensors: Sequence[Any], axis: int = 0, options: CallOptions = DEFAULT,
+              where: str = "all_gather") -> list[tf.Tensor]:
+    """Concatenate every rank's tensors along ``axis`` in rank order; sizes along it may differ.
+
+    ``axis`` must be valid (non-negative) for every tensor.
+    """
+    kwargs = options.kwargs()
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        moved = [np.moveaxis(a, axis, 0) if axis else a for a in arrays]
+        result = engine.allgather(_one_or_list(moved), **kwargs)
+        result = [result] if len(arrays) == 1 else list(result)
+        if axis:
+            result = [np.ascontiguousarray(np.moveaxis(r, 0, axis)) for r in result]
+        return result
+
+    def shape(s: tf.TensorShape) -> tf.TensorShape:
+        if s.rank is None:
+            return s
+        dims = s.as_list()
+        dims[axis] = None
+        return tf.TensorShape(dims)
+
+    return _call("mpidist_allgather", run, tensors, shape, where)

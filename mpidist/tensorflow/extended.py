@@ -1,0 +1,245 @@
+"""``strategy.extended`` of an mpidist strategy: one replica per rank, collectives on the engine.
+
+Built on ``tf.compat.v1.distribute.StrategyExtended`` (the base TensorFlow's own one-device and
+mirrored strategies use: it provides ``call_for_each_replica``, which ``Strategy.run`` calls).
+The hooks TensorFlow and Keras call are implemented here (see DESIGN.md section 8).
+
+CentralStorageStrategy semantics (``central_storage=True``): variables and their updates live on
+the chief. ``extended.update`` runs the update function on rank 0 only and then broadcasts each
+updated variable from rank 0; the other ranks hold read-only copies (optimizer slots are only
+kept on the chief). Training gives exactly what the mirrored path gives.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, ContextManager
+
+import tensorflow as tf
+
+from ..cross_device.options import CommunicationOptions
+from ..cross_device.reduce_op import ReduceOp
+from . import _tf_private, collectives, input as input_lib, reductions, variables
+from .replica_context import MPIReplicaContext
+
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
+
+
+class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
+    """The implementation behind an mpidist ``tf.distribute.Strategy``."""
+
+    def __init__(self, container_strategy: tf.distribute.Strategy, engine: Any, options: CommunicationOptions,
+                 device: str, scope_device: str | None, central_storage: bool = False) -> None:
+        super().__init__(container_strategy)
+        self._engine = engine
+        self._rank: int = engine.rank
+        self._options = options
+        self._default_call = reductions.merge_options(options, None, "MPIExtended")
+        self._device = device
+        self._scope_device = scope_device
+        self._central_storage = central_storage
+        self._sync_on_read: list[weakref.ref] = []  # in creation order: the same on every rank
+        self._saved_reads: dict[int, tf.Tensor] = {}  # SyncOnRead id -> aggregate (checkpoint.save)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _call_options(self, options: Any, where: str) -> collectives.CallOptions:
+        return self._default_call if options is None else reductions.merge_options(self._options, options, where)
+
+    def _device_scope(self) -> ContextManager:
+        return tf.device(self._scope_device) if self._scope_device else contextlib.nullcontext()
+
+    def _local_value(self, value: Any) -> Any:
+        """This rank's component of a distributed value, or the value itself."""
+        if isinstance(value, tf.distribute.DistributedValues):
+            return value._values[0]  # pylint: disable=protected-access
+        return value
+
+    def _reduce_nest(self, op: ReduceOp, value: Any, axis: Any, options: Any, where: str) -> Any:
+        """One engine call for the whole nest ``value`` (see reductions.reduce_tensors)."""
+        flat = tf.nest.flatten(value)
+        if not flat:
+            return value
+        if self._saved_reads and axis is None:
+            found = [self._saved_reads.get(id(v)) for v in flat]
+            if all(f is not None for f in found):
+                return tf.nest.pack_sequence_as(value, found)
+        leaves = [tf.convert_to_tensor(self._local_value(v)) for v in flat]
+        call = self._call_options(options, where)
+        return tf.nest.pack_sequence_as(value, reductions.reduce_tensors(self._engine, op, leaves, axis, call, where))
+
+    def live_sync_on_read_variables(self) -> list[Any]:
+        """The SyncOnRead variables created in this strategy's scope that are still alive."""
+        alive = [r() for r in self._sync_on_read]
+        self._sync_on_read = [r for r, v in zip(self._sync_on_read, alive) if v is not None]
+        return [v for v in alive if v is not None]
+
+    # -- variables --------------------------------------------------------------------------------
+
+    def _create_variable(self, next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+        variable = variables.create_variable(self, next_creator, **kwargs)
+        if _tf_private.is_sync_on_read(variable):
+            self._sync_on_read.append(weakref.ref(variable))
+        return variable
+
+    def _validate_colocate_with_variable(self, colocate_with_variable: Any) -> None:
+        owner = getattr(colocate_with_variable, "_distribute_strategy", None)
+        if owner is not None and owner is not self._container_strategy():
+            raise ValueError(f"{type(self).__name__}.colocate_vars_with: `colocate_with_variable` must be a "
+                             f"variable created in this strategy's scope, got {colocate_with_variable!r}")
+
+    def read_var(self, replica_local_var: Any) -> tf.Tensor:
+        if _tf_private.is_sync_on_read(replica_local_var):
+            aggregation = replica_local_var.aggregation
+            if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+                return tf.identity(replica_local_var._values[0])  # pylint: disable=protected-access
+            op = ReduceOp.from_variable_aggregation(aggregation)
+            return self._reduce_nest(op, replica_local_var, None, None, "read_var")
+        return tf.identity(replica_local_var)
+
+    def value_container(self, value: Any) -> Any:
+        container = getattr(value, "_distributed_container", None)
+        return container() if callable(container) else value
+
+    # -- replicas ---------------------------------------------------------------------------------
+
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        with self._device_scope(), MPIReplicaContext(self._container_strategy(), self._rank):
+            return fn(*args, **kwargs)
+
+    def _local_results(self, value: Any) -> tuple:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return tuple(value._values)  # pylint: disable=protected-access
+        if tf.nest.is_nested(value):
+            return (tf.nest.map_structure(self._local_value, value),)
+        return (value,)
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return self._engine.size
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        return (self._device,)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return (self._device,)
+
+    def non_slot_devices(self, var_list: Any) -> tuple[str, ...]:
+        return (self._device,)
+
+    def _get_local_replica_id(self, replica_id_in_sync_group: Any) -> int:
+        return 0  # one replica per process: its variables' only component
+
+    def _get_replica_id_in_sync_group(self, replica_id: Any) -> int:
+        return self._rank
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self._engine.size > 1
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._rank == 0
+
+    @property
+    def _global_batch_size(self) -> bool:
+        return True
+
+    # -- collectives in cross-replica context -------------------------------------------------------
+
+    @_no_autograph
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
+        """Reduce ``value`` over all ranks (any ReduceOp spelling, MIN/MAX/PROD too); every rank
+        gets the result (one replica per rank: ``destinations`` only names this rank's device)."""
+        where = f"{type(self).__name__}.reduce_to"
+        self._require_cross_replica(where)
+        return self._reduce_nest(reductions.parse_op(reduce_op, where), value, None, options, where)
+
+    @_no_autograph
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None) -> list[Any]:
+        """``reduce_to`` of every value, in ONE engine call."""
+        where = f"{type(self).__name__}.batch_reduce_to"
+        self._require_cross_replica(where)
+        values = [v for v, _ in value_destination_pairs]
+        return list(self._reduce_nest(reductions.parse_op(reduce_op, where), values, None, options, where))
+
+    _reduce_to = reduce_to
+    _batch_reduce_to = batch_reduce_to
+
+    def _require_cross_replica(self, where: str) -> None:
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.strategy is self._container_strategy():
+            raise RuntimeError(f"{where}: must be called in cross-replica context (outside strategy.run, or "
+                               f"inside merge_call), but it was called inside a replica function")
+
+    def _replica_ctx_all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+        return tf.distribute.get_replica_context().all_reduce(reduce_op, value, options)
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Rank 0's value on every rank (the whole nest in one broadcast)."""
+        flat = [tf.convert_to_tensor(self._local_value(v)) for v in tf.nest.flatten(tensor)]
+        out = collectives.broadcast(self._engine, flat, 0, self._default_call, "MPIExtended.broadcast_to")
+        return tf.nest.pack_sequence_as(tensor, out)
+
+    def _gather_to_implementation(self, value: Any, destinations: Any, axis: Any, options: Any) -> Any:
+        where = "MPIExtended.gather"
+        x = tf.convert_to_tensor(self._local_value(value))
+        axis = reductions.normalize_axis(axis, x.shape.rank, where)
+        return collectives.allgather(self._engine, [x], axis, self._call_options(options, where), where)[0]
+
+    # -- updates ----------------------------------------------------------------------------------
+
+    def _update(self, var: Any, fn: Callable[..., Any], args: Any, kwargs: Any, group: bool) -> Any:
+        if not self._central_storage:
+            return self._update_non_slot(var, fn, (var,) + tuple(args), kwargs, group)
+        # Program order (eager, or automatic control dependencies in a tf.function) puts the
+        # broadcast after the chief's update of `var`.
+        with self._device_scope(), _tf_private.UpdateContext(0):
+            result = fn(var, *args, **kwargs) if self._rank == 0 else None
+            value = collectives.broadcast(self._engine, [var.read_value()], 0, self._default_call,
+                                          "CentralStorageStrategy update (broadcast from the chief)")[0]
+            if self._rank != 0:
+                result = var.assign(value, read_value=False)
+        return result if group else tf.nest.map_structure(self._local_results, result)
+
+    def _update_non_slot(self, colocate_with: Any, fn: Callable[..., Any], args: Any, kwargs: Any,
+                         group: bool) -> Any:
+        with self._device_scope(), _tf_private.UpdateContext(0):
+            result = fn(*args, **kwargs)
+        return result if group else tf.nest.map_structure(self._local_results, result)
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def _experimental_distribute_dataset(self, dataset: Any, options: Any) -> Any:
+        return input_lib.distribute_dataset(self._container_strategy(), dataset, options)
+
+    def _distribute_datasets_from_function(self, dataset_fn: Any, options: Any) -> Any:
+        return input_lib.distribute_from_function(self._container_strategy(), dataset_fn, options)
+
+    def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
+        return input_lib.distribute_values(self._container_strategy(), value_fn)
+
+    def _make_dataset_iterator(self, dataset: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.make_dataset_iterator: TensorFlow 1 input API; use "
+                                  f"strategy.experimental_distribute_dataset(dataset)")
+
+    def _make_input_fn_iterator(self, input_fn: Any, replication_mode: Any = None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.make_input_fn_iterator: TensorFlow 1 input API; use "
+                                  f"strategy.distribute_datasets_from_function(dataset_fn)")
+
+    def _experimental_make_numpy_dataset(self, numpy_input: Any, session: Any) -> Any:
+        return tf.data.Dataset.from_tensor_slices(numpy_input)

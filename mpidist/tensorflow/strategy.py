@@ -1,0 +1,149 @@
+"""The mpidist ``tf.distribute.Strategy``: one MPI rank = one replica.
+
+``make_strategy`` builds one for each of TensorFlow's strategy names; they differ only in the
+engine's communicator (chosen by the caller) and in CentralStorageStrategy's update rule:
+
+- MultiWorkerMirroredStrategy: replicas = the ranks of the communicator (COMM_WORLD by default);
+- MirroredStrategy: replicas = the ranks that share this node;
+- OneDeviceStrategy: one replica (an engine over COMM_SELF): every rank trains on its own;
+- CentralStorageStrategy: as MultiWorkerMirrored, variables and updates on the chief.
+
+The class derives from ``tf.distribute.Strategy`` itself, not from TensorFlow's
+MultiWorkerMirroredStrategy (Keras 3 ``fit`` fails on that class's path, keras-team/keras#20585).
+``reduce`` and ``gather`` are overridden so that nests, op names in any case, mpidist's ReduceOp
+and MIN/MAX/PROD work, each with one engine call.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tensorflow as tf
+
+from ..cross_device.options import CommunicationImplementation, CommunicationOptions, as_options
+from . import collectives, reductions
+from .extended import MPIExtended
+
+_log = logging.getLogger("mpidist")
+
+KINDS = ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "CentralStorageStrategy")
+
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
+
+
+class MPIStrategy(tf.distribute.Strategy):
+    """A ``tf.distribute.Strategy`` whose replicas are the ranks of an mpidist engine."""
+
+    def __init__(self, kind: str, engine: Any, options: CommunicationOptions, device: str,
+                 scope_device: str | None = None) -> None:
+        self._kind = kind
+        self._engine_ref = engine
+        extended = MPIExtended(self, engine, options, device, scope_device,
+                               central_storage=kind == "CentralStorageStrategy")
+        super().__init__(extended)
+
+    @property
+    def kind(self) -> str:
+        """Which TensorFlow strategy this one stands for (one of ``KINDS``)."""
+        return self._kind
+
+    @property
+    def engine(self) -> Any:
+        return self._engine_ref
+
+    def _require_cross_replica(self, where: str, instead: str) -> None:
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.strategy is self:
+            raise RuntimeError(f"{where}: must be called in cross-replica context (outside strategy.run), "
+                               f"but it was called inside a replica function; use "
+                               f"tf.distribute.get_replica_context().{instead} there")
+
+    @_no_autograph
+    def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+        """Reduce ``value`` (a tensor or a nest of them) over all replicas; with ``axis``, also
+        along it. MEAN with ``axis`` divides by the global number of elements along ``axis``."""
+        where = f"{type(self).__name__}.reduce"
+        op = reductions.parse_op(reduce_op, where)
+        axis = reductions.parse_axis(axis, where)
+        self._require_cross_replica(where, "all_reduce(...)")
+        return self.extended._reduce_nest(op, value, axis, None, where)
+
+    @_no_autograph
+    def gather(self, value: Any, axis: Any) -> Any:
+        """Every replica's ``value`` (a tensor or a nest) concatenated along ``axis`` in rank order."""
+        where = f"{type(self).__name__}.gather"
+        parsed = reductions.parse_axis(axis, where)
+        if parsed is None or isinstance(parsed, tuple):
+            raise TypeError(f"{where}: `axis` must be an int, got {axis!r}")
+        self._require_cross_replica(where, "all_gather(...)")
+        if isinstance(value, tf.IndexedSlices):
+            raise NotImplementedError(f"{where}: `value` is a tf.IndexedSlices, which gather does not support")
+        ext = self.extended
+        flat = [tf.convert_to_tensor(ext._local_value(v)) for v in tf.nest.flatten(value)]
+        axes = [reductions.normalize_axis(parsed, t.shape.rank, where) for t in flat]
+        call = ext._default_call
+        if len(set(axes)) <= 1:
+            out = collectives.allgather(ext._engine, flat, axes[0] if axes else 0, call, where)
+        else:
+            out = [collectives.allgather(ext._engine, [t], a, call, where)[0] for t, a in zip(flat, axes)]
+        return tf.nest.pack_sequence_as(value, out)
+
+    def __deepcopy__(self, memo: dict) -> "MPIStrategy":
+        ext = self.extended
+        copy = type(self)(self._kind, self._engine_ref, ext._options, ext._device, ext._scope_device)
+        memo[id(self)] = copy
+        return copy
+
+    def __repr__(self) -> str:
+        return (f"<mpidist {self._kind}: replica {self.extended._rank} of {self.num_replicas_in_sync}, "
+                f"device {self.extended._device}>")
+
+
+def _resolve_device(kind: str, engine: Any, devices: Any, where: str) -> tuple[str, str | None]:
+    """(device name reported in worker_devices, device to scope replica code with or None)."""
+    local_rank = getattr(getattr(engine, "topology", None), "local_rank", 0) or 0
+    if devices:
+        if isinstance(devices, str):
+            devices = [devices]
+        devices = list(devices)
+        if not all(isinstance(d, str) for d in devices):
+            raise TypeError(f"{where}: `devices` must be device names (strings), got {devices!r}")
+        chosen = tf.DeviceSpec.from_string(devices[local_rank % len(devices)])
+        return chosen.to_string(), chosen.to_string()
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        name = gpus[local_rank % len(gpus)].name
+        return name, name
+    cpus = tf.config.list_logical_devices("CPU")
+    return (cpus[0].name if cpus else "/job:localhost/replica:0/task:0/device:CPU:0"), None
+
+
+def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
+                  cross_device_ops: Any = None) -> MPIStrategy:
+    """A genuine ``tf.distribute.Strategy`` with one replica per rank of ``engine``.
+
+    kind: "MultiWorkerMirroredStrategy" | "MirroredStrategy" | "OneDeviceStrategy" |
+    "CentralStorageStrategy". engine: an mpidist.Engine over the strategy's communicator.
+    options: a CommunicationOptions (``bytes_per_pack`` and ``timeout_seconds`` reach every
+    engine call). devices: device names; rank with node-local rank i uses devices[i % len].
+    cross_device_ops: accepted and ignored (the engine chooses algorithms itself).
+    """
+    where = "make_strategy"
+    if kind not in KINDS:
+        raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}, got {kind!r}")
+    for name in ("rank", "size", "allreduce", "broadcast", "allgather"):
+        if not hasattr(engine, name):
+            raise TypeError(f"{where}: `engine` must be an mpidist.Engine (it has no `{name}`), "
+                            f"got {type(engine).__name__}")
+    if kind == "OneDeviceStrategy" and engine.size != 1:
+        raise ValueError(f"{where}: OneDeviceStrategy needs an engine over one rank (MPI.COMM_SELF), "
+                         f"got one over {engine.size} ranks")
+    options = as_options(options, where)
+    if options.implementation is CommunicationImplementation.NCCL and not tf.config.list_physical_devices("GPU"):
+        raise ValueError(f"{where}: `options.implementation` is NCCL, which needs GPUs, but TensorFlow sees "
+                         f"none on this rank; use AUTO or RING")
+    device, scope_device = _resolve_device(kind, engine, devices, where)
+    strategy = MPIStrategy(kind, engine, options, device, scope_device)
+    _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)
+    return strategy

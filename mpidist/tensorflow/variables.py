@@ -1,0 +1,67 @@
+"""Variables created in an mpidist strategy's scope.
+
+- Variables start equal on every rank: the initial value is computed on every rank and rank 0's
+  is broadcast through the engine (one broadcast per variable, in creation order, which is the
+  same on every rank since every rank builds the same model). Exceptions, whose initial values
+  are equal everywhere by construction and which some programs create on one rank only (e.g.
+  ``tf.train.Checkpoint``'s ``save_counter`` on the chief): values restored from a checkpoint,
+  and non-trainable integer or bool variables (step counters, seeds, ``iterations``).
+- ``synchronization=ON_READ`` variables (what Keras metrics are made of) become TensorFlow's
+  SyncOnReadVariable with this rank's variable as the only component: updates in a replica
+  context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
+  ONLY_FIRST_REPLICA), so epoch metrics are global. Their initial value is not broadcast
+  (metrics start at zero everywhere).
+- Everything else is an ordinary ``tf.Variable`` on this rank: ranks hold identical copies and
+  keep them identical by applying identical (all-reduced) updates.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from . import _tf_private, collectives
+
+_log = logging.getLogger("mpidist")
+
+
+def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any) -> Any:
+    value = tf.convert_to_tensor(value, dtype=dtype)
+    if not (value.dtype.is_bool or value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex):
+        return value
+    if not trainable and (value.dtype.is_integer or value.dtype.is_bool):
+        return value  # counters and seeds: equal by construction, sometimes created on one rank only
+    _log.debug("mpidist: broadcasting the initial value of variable %s from rank 0", name)
+    return collectives.broadcast(extended._engine, [value], 0, extended._default_call,
+                                 "variable creation (broadcast of rank 0's initial value)")[0]
+
+
+def _broadcast_initial_value(extended: Any, kwargs: dict[str, Any]) -> Any:
+    """The initial value in ``kwargs`` (a callable or a value) replaced by rank 0's, of the same kind."""
+    initial_value, dtype, name = kwargs.get("initial_value"), kwargs.get("dtype"), kwargs.get("name")
+    trainable = kwargs.get("trainable")
+    trainable = True if trainable is None else bool(trainable)
+    if callable(initial_value):
+        return lambda: _broadcast(extended, initial_value(), dtype, trainable, name)
+    return _broadcast(extended, initial_value, dtype, trainable, name)
+
+
+def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+    """The body of ``extended._create_variable``; see the module docstring."""
+    kwargs.pop("colocate_with", None)  # one device per rank: colocation is automatic
+    synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
+    aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
+    if synchronization == tf.VariableSynchronization.ON_READ:
+        if aggregation == tf.VariableAggregation.NONE:
+            raise ValueError(f"{type(extended).__name__}._create_variable: a variable with "
+                             f"synchronization=ON_READ needs an `aggregation` (SUM, MEAN or "
+                             f"ONLY_FIRST_REPLICA), got {aggregation!r}")
+        kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+        with extended._device_scope():
+            variable = next_creator(**kwargs)
+        return _tf_private.make_sync_on_read(extended._container_strategy(), variable, aggregation)
+    if extended._engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
+        kwargs["initial_value"] = _broadcast_initial_value(extended, kwargs)
+    with extended._device_scope():
+        return next_creator(**kwargs)
