@@ -29,3 +29,25 @@ def test_heat_surrogate_same_simulation_at_any_rank_count(mpirun):
         assert error < 1e-6, job.output  # the surrogate recovered the exact stencil
         assert f"trained on {max(1, n // 2)} rank(s)" in job.output
     assert energies[1] == pytest.approx(energies[2], rel=1e-9) == pytest.approx(energies[4], rel=1e-9)
+
+
+tensorflow = pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
+
+
+def test_keras_digits_main_job(mpirun, tmp_path):
+    png = tmp_path / "curve.png"
+    job = mpirun(2, str(EXAMPLES / "keras_digits.py"), "--epochs", "8", "--plot", str(png), timeout=300)
+    assert job.returncode == 0, job.output[-3000:]
+    match = re.search(r"ranks: 2; final test accuracy: (\S+);", job.output)
+    assert match, job.output[-3000:]
+    assert float(match.group(1)) > 0.8, job.output[-3000:]  # 8 epochs on digits: well above chance (0.1)
+    assert job.output.count("final test accuracy") == 1  # the chief alone reports
+    assert png.stat().st_size > 1000
+
+
+def test_custom_training_loop_same_weights_on_every_rank(mpirun):
+    job = mpirun(2, str(EXAMPLES / "custom_training_loop.py"), "--epochs", "3", timeout=300)
+    assert job.returncode == 0, job.output[-3000:]
+    assert job.output.count("Epoch 3, Loss:") == 1
+    sums = re.findall(r"rank (\d): weights checksum (\S+)", job.output)
+    assert sorted(r for r, _ in sums) == ["0", "1"] and len({s for _, s in sums}) == 1, job.output[-2000:]
