@@ -1,6 +1,7 @@
 """Every example runs under a real mpirun at a small size, and its result is checked."""
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 
@@ -31,9 +32,10 @@ def test_heat_surrogate_same_simulation_at_any_rank_count(mpirun):
     assert energies[1] == pytest.approx(energies[2], rel=1e-9) == pytest.approx(energies[4], rel=1e-9)
 
 
-tensorflow = pytest.importorskip("tensorflow", reason="TensorFlow is not installed")
+needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
 
 
+@needs_tf
 def test_keras_digits_main_job(mpirun, tmp_path):
     png = tmp_path / "curve.png"
     job = mpirun(2, str(EXAMPLES / "keras_digits.py"), "--epochs", "8", "--plot", str(png), timeout=300)
@@ -45,6 +47,7 @@ def test_keras_digits_main_job(mpirun, tmp_path):
     assert png.stat().st_size > 1000
 
 
+@needs_tf
 def test_custom_training_loop_same_weights_on_every_rank(mpirun):
     job = mpirun(2, str(EXAMPLES / "custom_training_loop.py"), "--epochs", "3", timeout=300)
     assert job.returncode == 0, job.output[-3000:]

@@ -11,8 +11,11 @@ from mpidist import errors
 
 
 def test_without_tensorflow_plain_types():
-    err = errors.deadline_exceeded("allreduce: late")
-    assert type(err) is errors.DeadlineExceededError and isinstance(err, TimeoutError)
+    code = ("import sys\nfrom mpidist import errors\n"
+            "err = errors.deadline_exceeded('allreduce: late')\n"
+            "assert 'tensorflow' not in sys.modules\n"
+            "assert type(err) is errors.DeadlineExceededError and isinstance(err, TimeoutError)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)  # a process without TensorFlow
     assert issubclass(errors.CollectiveMismatchError, ValueError)
     assert issubclass(errors.CommunicatorBrokenError, RuntimeError)
 
