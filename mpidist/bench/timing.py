@@ -37,8 +37,9 @@ def _block_time(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> fl
 
 def compare(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
     """Median seconds per call of each case; short blocks (~10 ms) of each case interleaved."""
-    probe = max(_block_time(comm, fn, 1) for fn in cases.values())  # also warms up
-    probe = max(probe, _block_time(comm, next(iter(cases.values())), 3))
+    for fn in cases.values():  # warm up: first-call costs, tf.function tracing
+        _block_time(comm, fn, 3)
+    probe = max(_block_time(comm, fn, 3) for fn in cases.values())
     calls = int(comm.bcast(max(1, min(2000, int(0.01 / max(probe, 1e-7)))), root=0))
     samples: dict[str, list[float]] = {name: [] for name in cases}
     deadline = time.perf_counter() + seconds

@@ -23,12 +23,12 @@ import argparse
 import json
 import os
 import socket
-import statistics
-import time
 from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
+
+from ..bench.timing import compare
 
 
 def _tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
@@ -40,32 +40,6 @@ def _tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
     host = "localhost" if len(set(names)) == 1 else socket.gethostname()
     workers = comm.allgather(f"{host}:{port}")
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": comm.Get_rank()}}
-
-
-def _block(comm: MPI.Intracomm, fn: Callable[[], Any], calls: int) -> float:
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
-def compare(comm: MPI.Intracomm, cases: dict[str, Callable[[], Any]], seconds: float) -> dict[str, float]:
-    """Median seconds per call of each case; blocks of ~10 ms of each case interleaved."""
-    for fn in cases.values():  # warm up (tracing, first-call costs)
-        _block(comm, fn, 3)
-    probe = max(_block(comm, fn, 3) for fn in cases.values())
-    calls = int(comm.bcast(max(1, min(1000, int(0.01 / max(probe, 1e-7)))), root=0))
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    deadline = time.perf_counter() + seconds
-    rounds = 0
-    while True:
-        for name, fn in cases.items():
-            samples[name].append(_block(comm, fn, calls))
-        rounds += 1
-        if comm.bcast(rounds >= 5 and time.perf_counter() > deadline, root=0):
-            break
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> dict[str, Callable[[], Any]]:

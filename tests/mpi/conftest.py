@@ -18,3 +18,20 @@ def engine():
     yield eng
     if eng.broken is None:
         eng.close()
+
+
+@pytest.fixture(scope="module")
+def eng():
+    """A test module's own engine: a module that breaks it (a deadline test) breaks only its own."""
+    engine = mpidist.Engine()
+    yield engine
+    if engine.broken is None:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def strategy(eng):
+    """mpidist's TensorFlow MultiWorkerMirroredStrategy on ``eng`` (NumPy test modules define their own)."""
+    from mpidist.cross_device.options import CommunicationOptions
+    from mpidist.tensorflow import make_strategy
+    return make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())

@@ -12,23 +12,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import mpidist  # noqa: E402
-from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow import make_strategy  # noqa: E402
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(scope="module")
-def eng():
-    engine = mpidist.Engine()
-    yield engine
-    if engine.broken is None:
-        engine.close()
-
-
-@pytest.fixture(scope="module")
-def strategy(eng):
-    return make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
 
 
 def test_distribute_dataset_slices_every_global_batch(strategy, eng, comm):

@@ -27,14 +27,6 @@ GLOBAL_BATCH = 16  # a multiple of every tested size (1, 2, 4)
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def eng():
-    engine = mpidist.Engine()
-    yield engine
-    if engine.broken is None:
-        engine.close()
-
-
 def dataset_arrays(n: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 8)).astype(np.float32)

@@ -25,19 +25,6 @@ pytestmark = pytest.mark.mpi
 MODES = ["eager", "function"]
 
 
-@pytest.fixture(scope="module")
-def eng():
-    engine = mpidist.Engine()
-    yield engine
-    if engine.broken is None:
-        engine.close()
-
-
-@pytest.fixture(scope="module")
-def strategy(eng):
-    return make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-
-
 def rows(rank: int, size: int) -> int:
     """Uneven per-rank batch sizes; rank 1 has none when there are several ranks."""
     return [3, 0, 2, 5][rank % 4] if size > 1 else 3
