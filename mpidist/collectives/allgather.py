@@ -5,6 +5,8 @@ structure must agree. Ranks first exchange their first dimensions (one small All
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import buffers, packing
@@ -28,9 +30,14 @@ def run(ctx, arrays: list[np.ndarray]) -> list[np.ndarray]:
     mine = np.array([a.shape[0] for a in arrays], dtype=np.int64)
     rows = np.empty((size, len(arrays)), dtype=np.int64)
     ctx.call(ctx.topo.comm, "Allgather", mine, rows)
-    row_bytes = [a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
+    row_bytes = [a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays]
     seg = rows * np.array(row_bytes, dtype=np.int64)   # bytes of leaf i from rank r: seg[r, i]
     results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    if len(arrays) == 1:  # one leaf: no plan, no pack (small arrays are cheaper as Python ints)
+        a, counts = arrays[0], seg[:, 0]
+        recv = buffers.empty(sum(counts.tolist()), _BYTE)
+        ctx.algorithm(recv.nbytes).allgatherv(ctx, packing.bytes_of(a), recv, counts)
+        return [recv.view(a.dtype).reshape((sum(rows[:, 0].tolist()),) + a.shape[1:])]
     for pack in ctx.plan(seg.sum(axis=0).tolist(), [0] * len(arrays)):
         if len(pack) == 1:
             i = pack[0]
