@@ -30,3 +30,13 @@ def test_stalled_rank_numpy(mpirun, n):
 def test_stalled_rank_caught_as_tf_error(mpirun):
     job = mpirun(2, "stall.py", "1", "tf", timeout=300)
     check(job, 2, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["reduce", "gather", "broadcast_to", "dataset"])
+def test_strategy_paths_honour_the_deadline(mpirun, kind):
+    """rc.timeout_seconds reaches every strategy path that can block, the dataset's step agreement too."""
+    job = mpirun(2, "strategy_deadline.py", kind, env={"MPIDIST_TIMEOUT_SECONDS": "1"})
+    match = re.search(rf"rank 0: DEADLINE {kind} after ([0-9.]+) s", job.output)
+    assert match and float(match.group(1)) >= 1.0, job.output
+    assert "aborting the MPI job at exit" in job.output and job.returncode != 0
+    assert job.seconds < 200
