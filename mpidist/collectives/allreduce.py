@@ -30,16 +30,32 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
         wire, mop = rules(a.dtype, op, ctx.where, "leaf 0 of `value`")
         algorithm = ctx.algorithm(a.size * wire.itemsize)
         return [one(a, wire, mop, op, ctx.size, lambda send, recv: algorithm.allreduce(ctx, send, recv, mop))]
+    return reduce_packs(ctx, arrays, op, lambda algorithm, send, recv, mop: algorithm.allreduce(ctx, send, recv, mop))
+
+
+def dtype_rules(ctx, arrays: list[np.ndarray], op: Op) -> dict[np.dtype, tuple[np.dtype, object]]:
+    """``(wire dtype, MPI op)`` of each distinct dtype among ``arrays`` (errors name the first leaf)."""
     dtypes = [a.dtype for a in arrays]
-    rule = {d: rules(d, op, ctx.where, f"leaf {dtypes.index(d)} of `value`") for d in set(dtypes)}
+    return {d: rules(d, op, ctx.where, f"leaf {dtypes.index(d)} of `value`") for d in set(dtypes)}
+
+
+def reduce_packs(ctx, arrays: list[np.ndarray], op: Op, transfer, keep: bool = True) -> list[np.ndarray]:
+    """Pack by dtype, ``transfer(algorithm, send, recv, mpi_op)`` each pack, finish MEAN, unpack.
+
+    ``keep=False`` (reduce on a non-root rank): no receive buffers, results stay None.
+    """
+    rule = dtype_rules(ctx, arrays, op)
+    dtypes = [a.dtype for a in arrays]
     results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
     nbytes = [a.size * rule[d][0].itemsize for a, d in zip(arrays, dtypes)]
     for pack in ctx.plan(nbytes, dtypes):
         dtype = dtypes[pack[0]]
         wire, mop = rule[dtype]
         send = packing.pack([arrays[i] for i in pack], wire)
-        recv = buffers.empty_like(send)
-        ctx.algorithm(recv.nbytes).allreduce(ctx, send, recv, mop)
+        recv = buffers.empty_like(send) if keep else None
+        transfer(ctx.algorithm(send.nbytes), send, recv, mop)
+        if recv is None:
+            continue
         if op is Op.MEAN:
             finish_mean(recv, ctx.size)
         outs = packing.unpack(recv, [arrays[i].shape for i in pack], [dtype] * len(pack))

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import buffers, packing
-from .allreduce import signature  # same agreement fields: dtypes and full shapes
+from .allreduce import dtype_rules, signature  # same agreement fields: dtypes and full shapes
 from .allgather import validate
-from .ops import Op, finish_mean, mpi_op, wire_dtype
+from .ops import Op, finish_mean
 
 __all__ = ["signature", "validate", "run", "block_rows"]
 
@@ -24,13 +24,13 @@ def block_rows(n: int, size: int) -> np.ndarray:
 
 def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
     size, rank = ctx.size, ctx.topo.rank
-    wires = [wire_dtype(a.dtype, op, ctx.where, f"leaf {i} of `value`") for i, a in enumerate(arrays)]
+    rule = dtype_rules(ctx, arrays, op)
     rows = [block_rows(a.shape[0], size) for a in arrays]
     row_elems = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
     results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
-    nbytes = [a.size * w.itemsize for a, w in zip(arrays, wires)]
+    nbytes = [a.size * rule[a.dtype][0].itemsize for a in arrays]
     for pack in ctx.plan(nbytes, [a.dtype for a in arrays]):
-        wire = wires[pack[0]]
+        wire, mop = rule[arrays[pack[0]].dtype]
         elems = np.array([[rows[i][r] * row_elems[i] for i in pack] for r in range(size)], dtype=np.int64)
         counts = elems.sum(axis=1)
         if len(pack) == 1:  # rank-major already
@@ -45,7 +45,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
                     send[at:at + block.size] = block
                     at += block.size
         recv = buffers.empty(int(counts[rank]), wire)
-        ctx.algorithm(send.nbytes).reduce_scatter(ctx, send, recv, counts, mpi_op(op, arrays[pack[0]].dtype))
+        ctx.algorithm(send.nbytes).reduce_scatter(ctx, send, recv, counts, mop)
         if op is Op.MEAN:
             finish_mean(recv, size)
         at = 0
