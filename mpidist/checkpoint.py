@@ -32,16 +32,17 @@ def _engine(strategy: Any) -> Engine:
     return engine
 
 
-def _raise_everywhere(engine: Engine, error: str | None) -> None:
+def _raise_everywhere(engine: Engine, error: Exception | None) -> None:
+    """The chief's error (or None), raised on every rank."""
     error = engine.topology.comm.bcast(error, root=0)
     if error is not None:
-        raise OSError(error) if not error.startswith("ValueError: ") else ValueError(error[12:])
+        raise error
 
 
 def save(state: Any, path: str, strategy: Any) -> None:
     """Write ``state`` (a nest of arrays and numbers) to ``path`` from the chief, atomically."""
     engine = _engine(strategy)
-    error = None
+    error: Exception | None = None
     if engine.rank == 0:
         leaves, tree = nest.flatten(state)
         directory = os.path.dirname(os.path.abspath(path))
@@ -61,7 +62,7 @@ def save(state: Any, path: str, strategy: Any) -> None:
             finally:
                 os.close(fd)
         except OSError as err:
-            error = f"checkpoint.save: could not write {path!r}: {err}"
+            error = OSError(f"checkpoint.save: could not write {path!r}: {err}")
             if os.path.exists(tmp):
                 os.remove(tmp)
     _raise_everywhere(engine, error)
@@ -73,7 +74,7 @@ def restore(path: str, like: Any, strategy: Any) -> Any:
     leaves, tree = nest.flatten(like)
     expected = [np.asarray(leaf) for leaf in leaves]
     loaded: list[np.ndarray] = expected
-    error = None
+    error: Exception | None = None
     if engine.rank == 0:
         try:
             with np.load(path) as data:
@@ -83,10 +84,10 @@ def restore(path: str, like: Any, strategy: Any) -> Any:
                     a.shape != b.shape or a.dtype != b.dtype for a, b in zip(loaded, expected)):
                 got = ", ".join(f"{a.dtype}{a.shape}" for a in loaded[:4])
                 want = ", ".join(f"{b.dtype}{b.shape}" for b in expected[:4])
-                error = (f"ValueError: checkpoint.restore: {path!r} holds {structure} with [{got}...], "
-                         f"but `like` is {nest.structure_key(tree)} with [{want}...]")
+                error = ValueError(f"checkpoint.restore: {path!r} holds {structure} with [{got}...], "
+                                   f"but `like` is {nest.structure_key(tree)} with [{want}...]")
         except (OSError, KeyError, ValueError) as err:
-            error = f"checkpoint.restore: could not read {path!r}: {err}"
+            error = OSError(f"checkpoint.restore: could not read {path!r}: {err}")
     _raise_everywhere(engine, error)
     restored = engine.broadcast(loaded if engine.rank == 0 else [np.empty_like(a) for a in expected], root=0)
     return nest.unflatten(tree, list(restored))

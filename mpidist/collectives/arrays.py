@@ -45,9 +45,7 @@ def register(adapter: Adapter) -> None:
 
 def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
     """A C-contiguous NumPy array holding ``leaf`` and the adapter to rebuild it."""
-    if type(leaf) is np.ndarray:  # hot path
-        adapter = _NUMPY
-    elif isinstance(leaf, np.ndarray):
+    if isinstance(leaf, np.ndarray):
         adapter = _NUMPY
     else:
         adapter = next((a for a in _adapters if a.accepts(leaf)), None) or (
@@ -60,10 +58,6 @@ def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array, adapter
-
-
-def from_host(result: np.ndarray, adapter: Adapter, original: Any) -> Any:
-    return adapter.from_numpy(result, original)
 
 
 _PLAIN = frozenset("biufc")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..cross_device import local_value
+
 
 class DistributedValues:
     """Base class of values with one component per replica; here, the one of this rank."""
@@ -24,9 +26,6 @@ class DistributedValues:
     @property
     def values(self) -> tuple[Any]:
         return (self._value,)
-
-    def _local(self) -> Any:
-        return self._value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({{0: {self._value!r}}})"
@@ -44,9 +43,7 @@ class Mirrored(DistributedValues):
     __slots__ = ()
 
 
-def local(value: Any) -> Any:
-    """The local component of a DistributedValues, or ``value`` itself."""
-    return value._local() if isinstance(value, DistributedValues) else value
+local = local_value  # the local component of a DistributedValues, or the value itself
 
 
 @dataclass(frozen=True)
