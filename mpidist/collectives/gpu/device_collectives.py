@@ -179,14 +179,14 @@ def reduce_scatter(env: Env, arrays: list[Any], op: Op) -> list[Any]:
     for i, a in enumerate(arrays):
         transport, rule = env.rule(a.dtype, op, f"leaf {i} of `value`")
         rows = block_rows(a.shape[0], env.size)
-        counts = rows * math.prod(a.shape[1:])
+        counts = [n * math.prod(a.shape[1:]) for n in rows]  # Python ints, as the host path's
         send = as_wire(a, rule.wire).reshape(-1)
-        recv = cp.empty(int(counts[env.rank]), dtype=rule.wire)
+        recv = cp.empty(counts[env.rank], dtype=rule.wire)
         if send.size:
             transport.reduce_scatter(send, recv, counts, rule)
         if rule.finish_mean:
             finish_mean(cp, recv, env.size)
-        results.append(from_wire(recv.reshape((int(rows[env.rank]),) + a.shape[1:]), a.dtype))
+        results.append(from_wire(recv.reshape((rows[env.rank],) + a.shape[1:]), a.dtype))
     return results
 
 

@@ -107,7 +107,7 @@ class HierarchicalTransport:
         mine[start:start + counts_[self.env.rank]] = send
         self.allreduce(mine, recv, BYTES)
 
-    def reduce_scatter(self, send: Any, recv: Any, counts: np.ndarray, rule: Rule) -> None:
+    def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
         counts_ = [int(c) for c in counts]
         start = _displacements(counts_)[self.env.rank]
         total = self.env.cp.empty_like(send)

@@ -137,7 +137,7 @@ class MpiTransport:
         ctx.algorithm(recv.nbytes).allgatherv(ctx, stage_to_host(self.env, send), hrecv, counts)
         stage_to_device(self.env, hrecv, recv)
 
-    def reduce_scatter(self, send: Any, recv: Any, counts: np.ndarray, rule: Rule) -> None:
+    def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
         ctx, mop = self.env.ctx, MPI_OPS[rule.red]
         if self.device:
             self.env.wait()
@@ -192,7 +192,7 @@ class NcclTransport:
                     src = send.data.ptr if r == self.env.rank else base + d
                     self.node.broadcast_bytes(src, base + d, c, r, stream)
 
-    def reduce_scatter(self, send: Any, recv: Any, counts: np.ndarray, rule: Rule) -> None:
+    def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
         counts_, cp = [int(c) for c in counts], self.env.cp
         if len(set(counts_)) == 1:
             self.node.reduce_scatter(send, recv, rule, self.env.stream)
