@@ -3,7 +3,7 @@
 ``reduce(op, value, axis=k)`` first reduces each leaf along axis k on this rank, then across ranks.
 MEAN divides by the global number of elements along the axis (the sum of every rank's length), so
 a smaller last batch on some rank weighs exactly as its rows do. All leaves travel in one engine
-call. CuPy leaves stay on the GPU: NumPy's functions dispatch to CuPy (``__array_function__``).
+call. CuPy leaves stay on the GPU: their local work is done by CuPy's functions of the same names.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def _xp(a: Any) -> Any:
     return sys.modules["cupy"] if gpu.is_device_array(a) else np
 
 
-_LOCAL = {ReduceOp.SUM: np.sum, ReduceOp.MEAN: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
-          ReduceOp.PROD: np.prod}
+_LOCAL = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
+          ReduceOp.PROD: "prod"}
 
 
 def _local_reduce(a: np.ndarray, op: ReduceOp, axis: int) -> np.ndarray:
@@ -50,8 +50,8 @@ def _local_reduce(a: np.ndarray, op: ReduceOp, axis: int) -> np.ndarray:
         info = np.finfo(a.dtype) if a.dtype.kind == "f" else np.iinfo(a.dtype)
         fill = info.max if op is ReduceOp.MIN else info.min
         return _xp(a).full(a.shape[:axis] + a.shape[axis + 1:], fill, dtype=a.dtype)
-    reduced = _LOCAL[op](a, axis=axis)
-    return (reduced if gpu.is_device_array(reduced) else np.asarray(reduced)).astype(a.dtype, copy=False)
+    xp = _xp(a)
+    return xp.asarray(getattr(xp, _LOCAL[op])(a, axis=axis)).astype(a.dtype, copy=False)
 
 
 def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CommunicationOptions,
@@ -72,10 +72,11 @@ def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, optio
         sums, total = engine.allreduce((partial, counts), "sum", **kwargs)
     results = []
     for s, n, a in zip(sums, total.tolist(), arrays):
+        xp = _xp(s)
         if a.dtype.kind in "fc":
-            results.append((s / n).astype(a.dtype, copy=False) if n else np.full_like(s, np.nan))
+            results.append((s / n).astype(a.dtype, copy=False) if n else xp.full_like(s, np.nan))
         else:
-            results.append((np.sign(s) * (np.abs(s) // max(n, 1))).astype(a.dtype))
+            results.append((xp.sign(s) * (xp.abs(s) // max(n, 1))).astype(a.dtype))
     return nest.unflatten(tree, results)
 
 
@@ -85,8 +86,8 @@ def gather_along_axis(engine: Engine, value: Any, axis: Any, options: Communicat
         if a.ndim == 0:
             raise ValueError(f"{where}: cannot gather a scalar value; give it at least one dimension")
     axes = [_axis(axis, a.ndim, where) for a in arrays]
-    moved = [np.moveaxis(a, k, 0) for a, k in zip(arrays, axes)]
+    moved = [_xp(a).moveaxis(a, k, 0) for a, k in zip(arrays, axes)]
     with gpu.implementation(options.implementation.value):
         gathered = engine.allgather(moved, bytes_per_pack=options.bytes_per_pack,
                                     timeout_seconds=options.timeout_seconds)
-    return nest.unflatten(tree, [np.moveaxis(g, 0, k) for g, k in zip(gathered, axes)])
+    return nest.unflatten(tree, [_xp(g).moveaxis(g, 0, k) for g, k in zip(gathered, axes)])
