@@ -107,3 +107,52 @@ def test_finish_mean_truncates_integers_toward_zero_like_the_host():
         dc.finish_mean(np, device, 4)
         host_finish(host, 4)
         assert device.tolist() == host.tolist(), dtype
+
+
+class _Cupy13Nccl:
+    """CuPy <= 13's NcclCommunicator: the id is a tuple of C chars, signed (x86-64) or unsigned
+    (aarch64); out-of-range values raise OverflowError, a wrong type TypeError, as Cython does."""
+
+    def __init__(self, signed: bool) -> None:
+        self.low, self.high = (-128, 127) if signed else (0, 255)
+        self.made: list[tuple] = []
+
+    def NcclCommunicator(self, ndev, comm_id, rank):  # noqa: N802 - CuPy's name
+        if not isinstance(comm_id, tuple):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got {type(comm_id).__name__})")
+        if any(not self.low <= x <= self.high for x in comm_id):
+            raise OverflowError("value too large to convert to char")
+        self.made.append(comm_id)
+        return self
+
+
+class _Cupy14Nccl:
+    def __init__(self) -> None:
+        self.made: list[bytes] = []
+
+    def NcclCommunicator(self, ndev, comm_id, rank):  # noqa: N802 - CuPy's name
+        if not isinstance(comm_id, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(comm_id).__name__})")
+        self.made.append(comm_id)
+        return self
+
+
+RAW = bytes(range(200, 256)) + bytes(range(72))  # 128 bytes, many of them >= 128
+
+
+@pytest.mark.parametrize("given", [RAW, tuple(np.frombuffer(RAW, np.int8).tolist()), tuple(RAW)],
+                         ids=["bytes (CuPy 14)", "signed chars (CuPy 13, x86-64)", "unsigned chars (CuPy 13, arm)"])
+def test_unique_id_from_every_cupy_reads_as_the_same_bytes(given):
+    uid = nccl.unique_id_bytes(given)
+    assert uid.dtype == np.uint8 and uid.tobytes() == RAW
+
+
+@pytest.mark.parametrize("module, expected", [
+    (_Cupy14Nccl(), RAW),
+    (_Cupy13Nccl(signed=True), tuple(np.frombuffer(RAW, np.int8).tolist())),
+    (_Cupy13Nccl(signed=False), tuple(RAW)),
+], ids=["CuPy 14", "CuPy 13 signed char", "CuPy 13 unsigned char"])
+def test_communicator_passes_the_id_as_this_cupy_takes_it(module, expected):
+    uid = np.frombuffer(RAW, np.uint8).copy()
+    assert nccl.communicator(module, 2, uid, 1) is module
+    assert module.made == [expected]

@@ -176,14 +176,36 @@ class NodeComm:
             pass
 
 
+def unique_id_bytes(raw: Any) -> np.ndarray:
+    """``get_unique_id()``'s value as 128 bytes: CuPy >= 14 gives ``bytes``, CuPy <= 13 a tuple of
+    C ``char`` values (signed on x86-64, unsigned on aarch64 and ppc64le)."""
+    if isinstance(raw, (bytes, bytearray)):
+        return np.frombuffer(bytes(raw), dtype=np.uint8).copy()
+    return (np.asarray(raw, dtype=np.int64) & 0xFF).astype(np.uint8)
+
+
+def communicator(module: Any, size: int, uid: np.ndarray, rank: int) -> Any:
+    """``NcclCommunicator(size, id, rank)`` with the id as this CuPy takes it: ``bytes`` (CuPy >= 14),
+    else a tuple of signed chars, else of unsigned chars. A wrong type is refused while CuPy checks
+    the arguments, before NCCL is called, so trying the next form is safe."""
+    try:
+        return module.NcclCommunicator(size, uid.tobytes(), rank)
+    except TypeError:
+        pass
+    try:
+        return module.NcclCommunicator(size, tuple(int(x) for x in uid.view(np.int8)), rank)
+    except OverflowError:
+        return module.NcclCommunicator(size, tuple(int(x) for x in uid), rank)
+
+
 def create(module: Any, cp: Any, local_comm: Any, local_rank: int, local_size: int, device: int,
            bcast: Callable[[Any, str, np.ndarray, int], None]) -> NodeComm:
     """Build the node's communicator (collective over ``local_comm``): local rank 0 makes the
     unique id, ``bcast(comm, "Bcast", buffer, root)`` (the engine's deadline-aware caller) sends it."""
-    uid = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
+    uid = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)
     if local_rank == 0:
-        uid[:] = np.asarray(module.get_unique_id(), dtype=np.int64).astype(np.int8)
+        uid[:] = unique_id_bytes(module.get_unique_id())
     bcast(local_comm, "Bcast", uid, 0)
     with cp.cuda.Device(device):
-        comm = module.NcclCommunicator(local_size, tuple(int(x) for x in uid), local_rank)
+        comm = communicator(module, local_size, uid, local_rank)
     return NodeComm(module, comm, device, local_size, local_rank, int(module.get_version()))
