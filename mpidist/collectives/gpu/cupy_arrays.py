@@ -119,6 +119,14 @@ def forget() -> None:
     _cache.clear()
 
 
+def has_bfloat16(cp: Any) -> bool:
+    """Whether this CuPy holds ``ml_dtypes.bfloat16`` arrays (CuPy >= 14; earlier ones refuse them)."""
+    try:
+        return int(str(cp.__version__).split(".")[0]) >= 14
+    except (AttributeError, ValueError):
+        return False
+
+
 def describe_leaf(leaf: Any) -> str:
     return f"{type(leaf).__module__}.{type(leaf).__qualname__}"
 

@@ -67,6 +67,10 @@ def _to_device(cp: Any, leaves: list[Any], views: list[Any | None], where: str
     for i, (leaf, view) in enumerate(zip(leaves, views)):
         if view is None:
             host, adapter = host_arrays.to_host(leaf, where, i)
+            if host.dtype.name == "bfloat16" and not cupy_arrays.has_bfloat16(cp):
+                raise TypeError(f"{where}: leaf {i} of `value` is a bfloat16 host array in a nest with device "
+                                f"arrays, and CuPy {cp.__version__} has no bfloat16 arrays (CuPy >= 14 has): "
+                                f"reduce it in a separate call, or as float32")
             out.append(cp.asarray(host))
             restore.append(adapter)
             continue
