@@ -1,7 +1,11 @@
 """Collectives on CuPy arrays and TensorFlow GPU tensors, against NumPy references over all ranks.
 
-Every test needs a CUDA GPU with CuPy and is skipped without one (CI has none). These tests have
-NOT been run on a GPU yet. On a GPU node (see docs/gpu.md):
+With a CUDA GPU and CuPy these run on the GPU. Without one (CI), the CuPy tests run against
+``fake_cupy``, a stand-in backed by host memory with NCCL over MPI: that tests mpidist's GPU logic
+(dispatch, paths, packing, NCCL groups, NCCL+MPI across fake nodes, staging, zero host copies on
+the NCCL and device-MPI paths) but not CuPy, CUDA or NCCL themselves. The TensorFlow GPU tests need
+a real GPU and skip without one. These tests have NOT been run on a real GPU yet. On a GPU node
+(see docs/gpu.md):
 
     mpirun -n 2 python tests/mpi_pytest.py -q --with-mpi tests/mpi/test_gpu.py
 
@@ -21,7 +25,7 @@ import numpy as np
 import pytest
 
 import mpidist
-from mpidist.collectives.gpu import facts as gpu_facts, paths, transports
+from mpidist.collectives.gpu import cupy_arrays, facts as gpu_facts, paths, transports
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
 from mpidist.topology import mpi_library
@@ -36,8 +40,8 @@ def gpu_available() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
-    not gpu_available(), reason="no CUDA GPU: cupy missing or cupy.cuda.is_available() is False")]
+REAL_GPU = gpu_available()
+pytestmark = pytest.mark.mpi
 
 CONFIGS = {"auto": ("auto", "auto"), "nccl": ("nccl", "auto"), "mpi-staged": ("ring", "no"),
            "mpi-device": ("ring", "yes")}
@@ -46,14 +50,32 @@ Setup = collections.namedtuple("Setup", "name engine implementation path")
 
 @pytest.fixture(scope="module")
 def cp():
-    import cupy
-    return cupy
+    """Real CuPy on a GPU; elsewhere the fake, in sys.modules for this module's tests only."""
+    if REAL_GPU:
+        import cupy
+        yield cupy
+        return
+    import fake_cupy
+    cupy_arrays.forget()
+    yield fake_cupy.install()
+    fake_cupy.uninstall()
+    cupy_arrays.forget()
+
+
+@pytest.fixture
+def transfers(cp):
+    """Bytes copied between host and device during a test (fake CuPy only: it counts them)."""
+    if REAL_GPU:
+        return None
+    import fake_cupy
+    fake_cupy.transfers.update(to_device=0, to_host=0)
+    return fake_cupy.transfers
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def setup(request, cp):
     implementation, aware = CONFIGS[request.param]
-    if aware == "yes" and mpi_library._query_library() is not True:  # same library on every rank
+    if aware == "yes" and REAL_GPU and mpi_library._query_library() is not True:  # same on every rank
         pytest.skip("the MPI library does not say it is CUDA-aware")
     with mpidist.rc.override(cuda_aware_mpi=aware):
         engine = mpidist.Engine()
@@ -189,15 +211,51 @@ def test_reduce_scatter_uneven_blocks(setup, cp, op):
     check(cp, out[1], np.array_split(ints, size)[rank], op)
 
 
-def test_staging_happens_only_on_staged_paths(setup, cp, monkeypatch):
+def test_staging_happens_only_on_staged_paths(setup, cp, monkeypatch, transfers):
     calls = []
     original = transports.stage_to_host
     monkeypatch.setattr(transports, "stage_to_host", lambda env, a: calls.append(a.nbytes) or original(env, a))
-    call(setup, "allreduce", cp.ones(1000, dtype=cp.float32))
+    value = {"w": cp.ones((1000, 3), dtype=cp.float32), "b": [cp.ones(7, dtype=cp.float16), cp.ones(2, dtype=cp.int64)]}
+    if transfers is not None:
+        transfers.update(to_device=0, to_host=0)  # what the fake CuPy counts from here on
+    for kwargs in ({}, {"num_packs": 2}, {"algorithm": "hierarchical"}):
+        call(setup, "allreduce", value, "mean", **kwargs)
+        call(setup, "broadcast", value, root=setup.engine.size - 1)
+        call(setup, "allgather", value["b"], **kwargs)
+        call(setup, "reduce_scatter", [value["w"]], "sum", **kwargs)
     if setup.path in (Path.NCCL, Path.MPI_DEVICE):
         assert calls == []
-    elif setup.path is Path.MPI_STAGED:
+        if transfers is not None:  # not one byte crossed between host and device, in any collective
+            assert transfers == {"to_device": 0, "to_host": 0}, transfers
+    elif setup.path is Path.MPI_STAGED and setup.engine.size > 1:
         assert calls
+
+
+@pytest.mark.parametrize("algorithm", ["hierarchical", "flat", "auto"])
+def test_every_collective_with_each_algorithm(setup, cp, algorithm):
+    """On fake nodes (MPIDIST_LOCAL_SIZE) NCCL paths go NCCL+MPI, or NCCL-copy+MPI for "hierarchical"."""
+    rank, size = setup.engine.rank, setup.engine.size
+    mine = [make(rank, np.float32, (2 * size + 1, 3)), make(rank, np.int32, (5,), seed=1)]
+    value = [cp.asarray(x) for x in mine]
+    everyone = [[make(r, np.float32, (2 * size + 1, 3)), make(r, np.int32, (5,), seed=1)] for r in range(size)]
+    out = call(setup, "allreduce", value, "sum", algorithm=algorithm)
+    for i, o in enumerate(out):
+        check(cp, o, reduce_all([e[i] for e in everyone], "sum"))
+    out = call(setup, "broadcast", value, root=size // 2, algorithm=algorithm)
+    for i, o in enumerate(out):
+        check(cp, o, everyone[size // 2][i])
+    out = call(setup, "allgather", value, algorithm=algorithm)
+    for i, o in enumerate(out):
+        check(cp, o, np.concatenate([e[i] for e in everyone]))
+    out = call(setup, "reduce_scatter", value, "max", algorithm=algorithm)
+    for i, o in enumerate(out):
+        check(cp, o, np.array_split(reduce_all([e[i] for e in everyone], "max"), size)[rank])
+    out = call(setup, "reduce", value, "sum", root=size - 1, algorithm=algorithm)
+    if rank == size - 1:
+        for i, o in enumerate(out):
+            check(cp, o, reduce_all([e[i] for e in everyone], "sum"))
+    else:
+        assert out is None
 
 
 def test_bfloat16_where_cupy_has_it(setup, cp):
