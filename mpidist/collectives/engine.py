@@ -215,8 +215,8 @@ class Engine:
         return out
 
     def _record(self, rec: Any, where: str, start: float, prepared: float, agreed: float | None,
-                steps: Any, host_arrays: list[np.ndarray], op_root: tuple, alg: str) -> None:
-        """Write one collective to the timeline (see timeline.py)."""
+                steps: Any, host_arrays: list[Any], op_root: tuple, alg: str, path: str | None = None) -> None:
+        """Write one collective to the timeline (see timeline.py); ``path``: a GPU collective's path."""
         if self._track is None or self._track[0] is not rec:
             topo = self.topology
             self._track = (rec, rec.engine(f"engine {id(self) & 0xffff:04x}: {topo.size} ranks, "
@@ -228,6 +228,8 @@ class Engine:
             args["op"] = Op(op).name
         if root is not None:
             args["root"] = root
+        if path is not None:
+            args["path"] = path
         timeline.write_collective(rec, self._track[1], where, start, prepared, agreed, steps, rec.now(), args)
 
     @staticmethod

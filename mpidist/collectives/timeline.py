@@ -19,6 +19,13 @@ op, algorithm) holding its phases, in order:
 - ``pack`` (before a transfer) and ``unpack`` (after the last one): copies into and out of packs,
   dtype conversions, MEAN division, rebuilding the nest.
 
+Collectives on GPU buffers (collectives/gpu) are recorded the same way, with ``args.path`` (nccl,
+nccl+mpi, mpi-staged …). Their NCCL calls are ``transfer`` spans with ``args.nccl`` (allReduce,
+reduceScatter …): NCCL only **enqueues** work on the CUDA stream, so such a span is the time to
+launch it, not the GPU's time; the GPU work shows up in whatever waits for it next (an MPI step,
+or nothing when the results stay on the device). On device buffers the pack and unpack phases
+also only launch kernels.
+
 Recording costs a few microseconds per collective; when the setting is empty nothing is recorded
 and the engine's cached fast path stays on. Events are buffered and written at least every
 second and at exit (a job killed by MPI_Abort may lose its last second; the array format needs no
@@ -151,6 +158,15 @@ class Steps:
         run()
         self.items.append((name, comm.Get_size(), start, self.rec.now(), _payload(args)))
 
+    def enqueued(self, name: str, ranks: int, nbytes: int, run: Any) -> None:
+        """An NCCL call (``name`` as in CuPy: allReduce …): timed while it is launched."""
+        start = self.rec.now()
+        run()
+        self.items.append((NCCL + name, ranks, start, self.rec.now(), nbytes))
+
+
+NCCL = "nccl:"   # prefix of the NCCL steps' names in Steps.items
+
 
 def _payload(args: tuple) -> int:
     """Bytes of the first buffer argument of an MPI call (what this rank sends or receives)."""
@@ -175,7 +191,8 @@ def write_collective(rec: Recorder, tid: int, where: str, start: float, prepared
     for i, (name, ranks, t0, t1, nbytes) in enumerate(steps.items):
         if t0 > at:
             rec.span("unpack + pack" if i else "pack", tid, at, t0)
-        rec.span("transfer", tid, t0, t1, {"mpi": name, "ranks": ranks, "bytes": nbytes})
+        what = {"nccl": name[len(NCCL):]} if name.startswith(NCCL) else {"mpi": name}
+        rec.span("transfer", tid, t0, t1, {**what, "ranks": ranks, "bytes": nbytes})
         at = t1
     if end > at:
         rec.span("unpack", tid, at, end)

@@ -17,7 +17,9 @@ device pointers; skipped unless the MPI library says it is CUDA-aware).
 from __future__ import annotations
 
 import collections
+import json
 import os
+import tempfile
 
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # leave GPU memory for CuPy and NCCL
 
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 
 import mpidist
+from mpidist.collectives import timeline
 from mpidist.collectives.gpu import cupy_arrays, facts as gpu_facts, paths, transports
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
@@ -268,6 +271,29 @@ def test_bfloat16_where_cupy_has_it(setup, cp):
     assert out.dtype == x.dtype
     size = setup.engine.size
     np.testing.assert_array_equal(cp.asnumpy(out).astype(np.float32), np.full(5, size * (size + 1) / 2))
+
+
+def test_timeline_records_the_path_and_its_nccl_and_mpi_steps(setup, cp, comm):
+    directory = comm.bcast(tempfile.mkdtemp(prefix="mpidist-gpu-timeline-") if comm.rank == 0 else None)
+    value = [cp.ones(5000, dtype=cp.float32), cp.ones(3, dtype=cp.int64)]
+    with mpidist.rc.override(timeline=os.path.join(directory, "trace.json")):
+        call(setup, "allreduce", value, "sum")
+        call(setup, "broadcast", value, root=0)
+        path = timeline.recorder().path
+    assert timeline.recorder() is None  # reading the setting again closes the file
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f)
+    spans = [e for e in events if e.get("cat") == "collective"]
+    assert [e["name"] for e in spans] == ["allreduce", "broadcast"]
+    assert all(e["args"]["path"] == setup.path.value for e in spans), [e["args"] for e in spans]
+    assert spans[0]["args"]["bytes"] == 5000 * 4 + 3 * 8 and spans[0]["args"]["op"] == "SUM"
+    transfers = [e["args"] for e in events if e["name"] == "transfer"]
+    nccl = [t for t in transfers if "nccl" in t]
+    if setup.path.uses_nccl:
+        assert {t["nccl"] for t in nccl} >= {"broadcast"} and any(t["nccl"] != "broadcast" for t in nccl), transfers
+    else:
+        assert nccl == [] and all("mpi" in t for t in transfers)
+    comm.Barrier()
 
 
 @pytest.mark.mpi(min_size=2)

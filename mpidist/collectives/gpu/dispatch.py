@@ -14,6 +14,9 @@ The steps are the engine's, in the same order on every rank:
 5. the collective runs on the device (device_collectives.py) over the path's transport; with a
    deadline, the stream is waited for before returning, so the deadline covers the GPU work.
 
+With the timeline on, the collective is recorded as the engine records its own (timeline.py),
+with ``args.path`` and NCCL calls as transfers that were enqueued.
+
 Results are CuPy arrays of the leaves' dtypes and shapes, ordered on the caller's current stream.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from ..._config import rc
 from ...errors import GpuUnavailableError
-from .. import agreement, arrays as host_arrays, nest
+from .. import agreement, arrays as host_arrays, nest, timeline
 from ..deadline import Caller
 from ..ops import check_dtype
 from . import cupy_arrays, device_collectives, facts, paths
@@ -118,6 +121,8 @@ def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], t
     """Run the engine's collective ``where`` on a nest holding device arrays (see the module docstring)."""
     from ..engine import _Call, _describe  # the engine imports this package: import it at call time
 
+    rec = timeline.recorder()
+    start = rec.now() if rec is not None else 0.0
     implementation, requested_by = paths.current()
     who = requested_by or where
     cp = _require_cupy(leaves, implementation, who, where)
@@ -128,11 +133,19 @@ def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], t
             module.validate(arrays, where)
         call = Caller(where, timeout, engine._break)
         ctx = _Call(where, engine.topology, call, alg, bpp, npk)
+        prepared = agreed = None  # timeline marks, as in Engine._collective
         if rc.check_agreement:
             structure = "*" if tree is nest.LEAF else nest.structure_key(tree)
             key = engine._key(where, op_root, structure, module.signature(arrays), f"{alg}|gpu:{implementation}",
                               bpp, npk, timeout is not None)
+            prepared = rec.now() if rec is not None else None
             agreement.agree(engine.topology.comm, call, key, engine._hashes, _safe_describe(_describe), where)
+        if rec is not None:
+            if prepared is None:
+                prepared = rec.now()
+            else:
+                agreed = rec.now()
+            call.steps = timeline.Steps(rec)
         state = facts.state(engine)
         job = state.job(cp, engine, device)
         path = state.last_path = paths.choose(implementation, alg, job, deadline=timeout is not None, who=who)
@@ -140,14 +153,24 @@ def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], t
                         "NCCL %s, CUDA-aware MPI: %s)", where, path.value, job.num_nodes,
                         "unusable" if job.nccl_reason else job.nccl_version, "yes" if job.cuda_aware else "no")
         env = make_env(cp, ctx, engine, path, job, device, timeout is not None)
-        results = device_collectives.RUN[where](env, arrays, **params)
+        if env.node is not None:
+            env.node.steps = call.steps
+        try:
+            results = device_collectives.RUN[where](env, arrays, **params)
+        finally:
+            if env.node is not None:
+                env.node.steps = None
         if timeout is not None:
             env.wait()
             if env.node is not None:
                 env.node.check()
     if results is None:
-        return None
-    if all(r is None for r in restore):
-        return nest.unflatten(tree, results)
-    return nest.unflatten(tree, _back(cp, results, restore, leaves))
+        out = None
+    elif all(r is None for r in restore):
+        out = nest.unflatten(tree, results)
+    else:
+        out = nest.unflatten(tree, _back(cp, results, restore, leaves))
+    if rec is not None:
+        engine._record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, alg, path=path.value)
+    return out
 

@@ -116,11 +116,20 @@ class NodeComm:
     """An NCCL communicator over the ranks of one node (``Topology.local``), on one device.
 
     Buffers are CuPy arrays; every call is enqueued on ``stream`` (the caller's current stream).
+    ``steps`` is the current collective's ``timeline.Steps`` while the timeline records, else None.
     """
 
     def __init__(self, module: Any, comm: Any, device: int, size: int, rank: int, version: int) -> None:
         self.module, self.comm, self.device = module, comm, device
         self.size, self.rank, self.version = size, rank, version
+        self.steps: Any = None
+
+    def _issue(self, name: str, nbytes: int, *args: Any) -> None:
+        call = getattr(self.comm, name)
+        if self.steps is None:
+            call(*args)
+        else:
+            self.steps.enqueued(name, self.size, nbytes, lambda: call(*args))
 
     def _dtype(self, rule: Rule) -> int:
         return getattr(self.module, rule.nccl_dtype)
@@ -129,30 +138,32 @@ class NodeComm:
         return getattr(self.module, OPS[rule.red])
 
     def allreduce(self, send: Any, recv: Any, rule: Rule, stream: Any) -> None:
-        self.comm.allReduce(send.data.ptr, recv.data.ptr, send.size * rule.factor, self._dtype(rule),
-                            self._op(rule), stream.ptr)
+        self._issue("allReduce", send.nbytes, send.data.ptr, recv.data.ptr, send.size * rule.factor,
+                    self._dtype(rule), self._op(rule), stream.ptr)
 
     def reduce(self, send: Any, recv: Any | None, rule: Rule, root: int, stream: Any) -> None:
         """``recv`` is only written at ``root``; elsewhere the send buffer stands in for it."""
         target = send if recv is None else recv
-        self.comm.reduce(send.data.ptr, target.data.ptr, send.size * rule.factor, self._dtype(rule),
-                         self._op(rule), root, stream.ptr)
+        self._issue("reduce", send.nbytes, send.data.ptr, target.data.ptr, send.size * rule.factor,
+                    self._dtype(rule), self._op(rule), root, stream.ptr)
 
     def reduce_scatter(self, send: Any, recv: Any, rule: Rule, stream: Any) -> None:
         """Equal blocks: rank r gets block r (``recv.size`` elements) of the reduced ``send``."""
-        self.comm.reduceScatter(send.data.ptr, recv.data.ptr, recv.size * rule.factor, self._dtype(rule),
-                                self._op(rule), stream.ptr)
+        self._issue("reduceScatter", send.nbytes, send.data.ptr, recv.data.ptr, recv.size * rule.factor,
+                    self._dtype(rule), self._op(rule), stream.ptr)
 
     def broadcast(self, buf: Any, root: int, stream: Any) -> None:
         """In place: the root's bytes of ``buf`` on every rank."""
-        self.comm.broadcast(buf.data.ptr, buf.data.ptr, buf.nbytes, self.module.NCCL_UINT8, root, stream.ptr)
+        self._issue("broadcast", buf.nbytes, buf.data.ptr, buf.data.ptr, buf.nbytes, self.module.NCCL_UINT8,
+                    root, stream.ptr)
 
     def broadcast_bytes(self, send_ptr: int, recv_ptr: int, nbytes: int, root: int, stream: Any) -> None:
-        self.comm.broadcast(send_ptr, recv_ptr, nbytes, self.module.NCCL_UINT8, root, stream.ptr)
+        self._issue("broadcast", nbytes, send_ptr, recv_ptr, nbytes, self.module.NCCL_UINT8, root, stream.ptr)
 
     def allgather(self, send: Any, recv: Any, stream: Any) -> None:
         """Equal blocks of bytes: ``recv`` holds every rank's ``send`` in rank order."""
-        self.comm.allGather(send.data.ptr, recv.data.ptr, send.nbytes, self.module.NCCL_UINT8, stream.ptr)
+        self._issue("allGather", recv.nbytes, send.data.ptr, recv.data.ptr, send.nbytes, self.module.NCCL_UINT8,
+                    stream.ptr)
 
     @contextlib.contextmanager
     def group(self) -> Iterator[None]:
