@@ -303,6 +303,15 @@ def test_host_on_one_rank_device_on_others_is_a_mismatch(setup, cp):
         call(setup, "allreduce", value)
 
 
+def test_bench_gpu_runs_and_reports_the_path(cp, comm):
+    """``python -m mpidist bench gpu``'s measurement loop (on the fake CuPy its times mean nothing)."""
+    from mpidist.bench import gpu as bench_gpu
+    rows, path = bench_gpu.run([4096, 65536], 0.01, comm)
+    assert [r["bytes"] for r in rows] == [4096, 65536]
+    assert all(r["raw NCCL"] > 0 and r["mpidist"] > 0 for r in rows), rows
+    assert path in {p.value for p in Path}
+
+
 # -- strategies (NumPy framework) -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
