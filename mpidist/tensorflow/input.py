@@ -19,7 +19,8 @@ batches (DATA sharding of a dataset of known length, for instance), that agreeme
 Building a distributed dataset is collective (one small allgather); do it on every rank.
 Both return a ``tf.distribute.DistributedDataset``; ``iter`` gives a ``tf.distribute.
 DistributedIterator`` (``get_next``, ``get_next_as_optional``, ``element_spec``) usable eagerly,
-in ``for`` loops inside ``tf.function`` and by Keras ``fit`` / ``evaluate``.
+in ``for`` loops inside ``tf.function`` and by Keras ``fit`` / ``evaluate``, which take either the
+plain ``tf.data.Dataset`` (Keras distributes it through the strategy) or the distributed dataset.
 """
 from __future__ import annotations
 
@@ -37,7 +38,18 @@ _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never 
 INFINITE, UNKNOWN = int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)
 
 
-class MPIDistributedDataset(tf.distribute.DistributedDataset):
+# Keras 3 takes a dataset in fit/evaluate/predict only if a class in its MRO is named
+# "DistributedDataset" (or "DatasetV2") and comes from a module under "tensorflow.python."
+# (keras/src/trainers/data_adapters/__init__.py, is_tf_dataset: it tests names so as not to import
+# TensorFlow); tf.distribute.DistributedDataset itself is named DistributedDatasetInterface. This
+# base carries the name Keras looks for, so model.fit(strategy.experimental_distribute_dataset(ds))
+# works as with TensorFlow's own strategies. It adds nothing else; the module named is not real.
+_KerasNamed = type("DistributedDataset", (tf.distribute.DistributedDataset,),
+                   {"__module__": "tensorflow.python.distribute.mpidist_keras_name",
+                    "__doc__": "tf.distribute.DistributedDataset under the name Keras 3 recognizes."})
+
+
+class MPIDistributedDataset(_KerasNamed):
     """This rank's part of a distributed dataset: per-replica batches, every rank in step."""
 
     def __init__(self, local: tf.data.Dataset, strategy: tf.distribute.Strategy, agree: bool,

@@ -63,6 +63,7 @@ def on_chief(comm, fn):
 @pytest.mark.parametrize("kind, data, optimizer, steps_per_execution", [
     ("MultiWorkerMirroredStrategy", "dataset", "sgd", 3),  # several steps per tf.function (a while loop)
     ("MultiWorkerMirroredStrategy", "numpy", "adam", 1),
+    ("MultiWorkerMirroredStrategy", "distributed", "sgd", 2),  # fit(strategy.experimental_distribute_dataset(ds))
     ("CentralStorageStrategy", "numpy", "adam", 1),
 ])
 def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
@@ -74,11 +75,15 @@ def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer,
     initial = model.get_weights()
     assert_same_on_every_rank(comm, initial)
     fit = dict(epochs=2, verbose=0, shuffle=False)
-    if data == "dataset":
-        history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH), **fit)
-    else:
+    if data == "numpy":
         history = model.fit(x, y, batch_size=GLOBAL_BATCH, **fit)
-    got = model.evaluate(xe, ye, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+        got = model.evaluate(xe, ye, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    else:
+        train, test = (tf.data.Dataset.from_tensor_slices(d).batch(GLOBAL_BATCH) for d in ((x, y), (xe, ye)))
+        if data == "distributed":
+            train, test = strategy.experimental_distribute_dataset(train), strategy.experimental_distribute_dataset(test)
+        history = model.fit(train, **fit)
+        got = model.evaluate(test, verbose=0, return_dict=True)
 
     def single_process():
         reference = build_model(optimizer, steps_per_execution)  # no strategy
