@@ -198,11 +198,7 @@ class Engine:
             prepared = rec.now() if rec is not None else None
             agreement.agree(self.topology.comm, call, key, self._hashes, _describe, where)
         if rec is not None:
-            if prepared is None:
-                prepared = rec.now()
-            else:
-                agreed = rec.now()
-            call.steps = timeline.Steps(rec)
+            prepared, agreed = timeline.agreed(rec, prepared, call)
         results = module.run(ctx, host_arrays, **params)
         if results is None:
             out = None

@@ -179,6 +179,15 @@ def _payload(args: tuple) -> int:
     return 0
 
 
+def agreed(rec: Recorder, prepared: float | None, call: Any) -> tuple[float, float | None]:
+    """Marks once a collective's agreement is done (``prepared``: the mark taken before it, or None
+    when there was none): (end of prepare, end of agreement or None). From here ``call`` times the
+    data steps."""
+    call.steps = Steps(rec)
+    now = rec.now()
+    return (now, None) if prepared is None else (prepared, now)
+
+
 def write_collective(rec: Recorder, tid: int, where: str, start: float, prepared: float,
                      agreed: float | None, steps: Steps, end: float, args: dict) -> None:
     """One collective's span and its phases (see the module docstring)."""

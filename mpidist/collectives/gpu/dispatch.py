@@ -141,11 +141,7 @@ def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], t
             prepared = rec.now() if rec is not None else None
             agreement.agree(engine.topology.comm, call, key, engine._hashes, _safe_describe(_describe), where)
         if rec is not None:
-            if prepared is None:
-                prepared = rec.now()
-            else:
-                agreed = rec.now()
-            call.steps = timeline.Steps(rec)
+            prepared, agreed = timeline.agreed(rec, prepared, call)
         state = facts.state(engine)
         job = state.job(cp, engine, device)
         path = state.last_path = paths.choose(implementation, alg, job, deadline=timeout is not None, who=who)
