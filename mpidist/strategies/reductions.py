@@ -33,11 +33,11 @@ def _axis(value: Any, ndim: int, where: str) -> int:
 
 def _arrays(value: Any) -> tuple[list[np.ndarray], Any]:
     leaves, tree = nest.flatten(map_local(value))
-    return [leaf if gpu.is_device_array(leaf) else np.asarray(leaf) for leaf in leaves], tree
+    return [gpu.as_cupy(leaf) if gpu.is_device_array(leaf) else np.asarray(leaf) for leaf in leaves], tree
 
 
 def _xp(a: Any) -> Any:
-    """The array module of ``a``: CuPy for device arrays (then already imported), else NumPy."""
+    """The array module of ``a``: CuPy for device arrays (CuPy arrays by then, see ``_arrays``), else NumPy."""
     return sys.modules["cupy"] if gpu.is_device_array(a) else np
 
 

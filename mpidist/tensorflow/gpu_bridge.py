@@ -12,8 +12,8 @@ THIS PATH HAS NOT BEEN RUN ON A GPU YET (no GPU where it was written; see docs/g
   ``toDlpack()``, deprecated in CuPy 14, where ``__dlpack__`` is missing): zero copy,
   except for results that do not start on a 256-byte boundary (views into a pack), which are
   copied once on the device;
-- bfloat16 tensors need CuPy >= 14 (earlier CuPy has no bfloat16 arrays): with an older CuPy they
-  take the host path below, said once in the log;
+- bfloat16 tensors never get here: collectives.py casts them to float32 first (on their device),
+  so no CuPy bfloat16 array is needed (CuPy has them only from version 14);
 - tensors TensorFlow keeps in host memory even on a GPU device (int32, and what ``tf.constant``
   makes: their ``backing_device`` is the CPU) go to the engine as NumPy arrays (:func:`host_copy`)
   and come back as host tensors; the engine moves them with the device ones in one collective;
@@ -103,18 +103,10 @@ def to_tensorflow(cp: Any, array: Any) -> Any:
     return tf.experimental.dlpack.from_dlpack(capsule)
 
 
-def _cupy_can_hold(cp: Any, t: Any) -> bool:
-    if t.dtype != tf.bfloat16 or cupy_arrays.has_bfloat16(cp):
-        return True
-    _tell_once("bfloat16", "mpidist: bfloat16 GPU tensors go through host memory: CuPy %s has no bfloat16 "
-               "arrays (CuPy >= 14 has)", cp.__version__)
-    return False
-
-
 def run_eager(run: Callable[[list[Any]], list[Any]], tensors: Sequence[Any], implementation: str) -> list[Any]:
     """Eager tensors in, ``run`` on CuPy arrays (host-backed ones as NumPy), TensorFlow tensors out."""
     cp = cupy_arrays.load_cupy()
-    arrays = [to_cupy(cp, t) if backed_on_gpu(t) and _cupy_can_hold(cp, t) else host_copy(t) for t in tensors]
+    arrays = [to_cupy(cp, t) if backed_on_gpu(t) else host_copy(t) for t in tensors]
     device = next((a.device.id for a in arrays if cupy_arrays.is_device_array(a)), None)
     with cp.cuda.Device(device if device is not None else cp.cuda.Device().id):
         cp.cuda.runtime.deviceSynchronize()  # TensorFlow's streams have finished writing the inputs

@@ -16,9 +16,9 @@ Nothing here imports CuPy at import time. One module per concern:
 - dispatch: the engine's hook; binding: rank-to-GPU binding by local rank.
 """
 from .binding import bind_device, device_for
-from .cupy_arrays import any_device, cupy_reason, is_device_array, nccl_reason
+from .cupy_arrays import any_device, as_cupy, cupy_reason, is_device_array, nccl_reason
 from .dispatch import collective
 from .paths import Path, choose, implementation, unavailable_message
 
-__all__ = ["any_device", "is_device_array", "cupy_reason", "nccl_reason", "collective", "implementation",
+__all__ = ["any_device", "as_cupy", "is_device_array", "cupy_reason", "nccl_reason", "collective", "implementation",
            "Path", "choose", "unavailable_message", "bind_device", "device_for"]

@@ -114,6 +114,13 @@ def load_nccl() -> Any:
     return sys.modules["cupy.cuda.nccl"]
 
 
+def as_cupy(leaf: Any) -> Any:
+    """A device array as a CuPy array (zero-copy for other ``__cuda_array_interface__`` arrays);
+    GpuUnavailableError saying why where CuPy cannot run."""
+    cp = load_cupy()
+    return leaf if isinstance(leaf, cp.ndarray) else cp.asarray(leaf)
+
+
 def forget() -> None:
     """Drop the cached probe results (tests that change what is importable)."""
     _cache.clear()
