@@ -22,7 +22,8 @@ op, algorithm) holding its phases, in order:
 Collectives on GPU buffers (collectives/gpu) are recorded the same way, with ``args.path`` (nccl,
 nccl+mpi, mpi-staged …). Their NCCL calls are ``transfer`` spans with ``args.nccl`` (allReduce,
 reduceScatter …): NCCL only **enqueues** work on the CUDA stream, so such a span is the time to
-launch it, not the GPU's time; the GPU work shows up in whatever waits for it next (an MPI step,
+launch it, not the GPU's time (inside an NCCL group, the launch itself happens at the group's end,
+which falls into the next phase); the GPU work shows up in whatever waits for it next (an MPI step,
 or nothing when the results stay on the device). On device buffers the pack and unpack phases
 also only launch kernels.
 

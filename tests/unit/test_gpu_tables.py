@@ -156,3 +156,13 @@ def test_communicator_passes_the_id_as_this_cupy_takes_it(module, expected):
     uid = np.frombuffer(RAW, np.uint8).copy()
     assert nccl.communicator(module, 2, uid, 1) is module
     assert module.made == [expected]
+
+
+def test_communicator_says_which_forms_it_tried():
+    class Refuses:
+        def NcclCommunicator(self, ndev, comm_id, rank):  # noqa: N802 - CuPy's name
+            raise TypeError(f"expected str, got {type(comm_id).__name__}")
+
+    with pytest.raises(TypeError, match=r"communicator: .* none of the forms tried .*bytes: expected str, got "
+                                        r"bytes; tuple of signed chars: expected str"):
+        nccl.communicator(Refuses(), 2, np.frombuffer(RAW, np.uint8).copy(), 0)

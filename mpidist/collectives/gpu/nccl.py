@@ -162,7 +162,7 @@ class NodeComm:
 
     def allgather(self, send: Any, recv: Any, stream: Any) -> None:
         """Equal blocks of bytes: ``recv`` holds every rank's ``send`` in rank order."""
-        self._issue("allGather", recv.nbytes, send.data.ptr, recv.data.ptr, send.nbytes, self.module.NCCL_UINT8,
+        self._issue("allGather", send.nbytes, send.data.ptr, recv.data.ptr, send.nbytes, self.module.NCCL_UINT8,
                     stream.ptr)
 
     @contextlib.contextmanager
@@ -199,14 +199,14 @@ def communicator(module: Any, size: int, uid: np.ndarray, rank: int) -> Any:
     """``NcclCommunicator(size, id, rank)`` with the id as this CuPy takes it: ``bytes`` (CuPy >= 14),
     else a tuple of signed chars, else of unsigned chars. A wrong type is refused while CuPy checks
     the arguments, before NCCL is called, so trying the next form is safe."""
-    try:
-        return module.NcclCommunicator(size, uid.tobytes(), rank)
-    except TypeError:
-        pass
-    try:
-        return module.NcclCommunicator(size, tuple(int(x) for x in uid.view(np.int8)), rank)
-    except OverflowError:
-        return module.NcclCommunicator(size, tuple(int(x) for x in uid), rank)
+    errors = []
+    for form in (uid.tobytes(), tuple(int(x) for x in uid.view(np.int8)), tuple(int(x) for x in uid)):
+        try:
+            return module.NcclCommunicator(size, form, rank)
+        except (TypeError, OverflowError) as err:
+            errors.append(f"{type(form).__name__}{' of signed chars' if form and min(form) < 0 else ''}: {err}")
+    raise TypeError("communicator: this CuPy's NcclCommunicator takes `commId` in none of the forms tried "
+                    "(bytes, tuple of signed chars, tuple of unsigned chars): " + "; ".join(errors))
 
 
 def create(module: Any, cp: Any, local_comm: Any, local_rank: int, local_size: int, device: int,
