@@ -1,4 +1,4 @@
-"""A stand-in for CuPy and its NCCL bindings, backed by host memory and MPI: it runs mpidist's GPU
+"""A stand-in for CuPy (with fake_nccl.py for its NCCL bindings), backed by host memory and MPI: it runs mpidist's GPU
 path (dispatch, path choice, packing, NCCL groups, hierarchical NCCL+MPI, staging, CUDA-aware MPI
 on "device" pointers) on machines without a GPU, so its logic is tested at every ``-n``.
 
@@ -7,10 +7,10 @@ What it checks, as strictly as real CuPy or stricter:
 - device arrays never turn into host arrays by accident: ``numpy.asarray(x)`` raises TypeError, as
   CuPy does, and host values may not be assigned into device arrays; every explicit copy
   (``asarray`` of host data, ``get``, ``set``, ``asnumpy``) is counted in :data:`transfers`;
-- NCCL calls inside ``groupStart()``/``groupEnd()`` run only at ``groupEnd()``, so code that
-  reads a result inside the group sees stale data, and a buffer freed before the group ends is
-  an error (real CuPy's memory pool would hand it to someone else);
-- NCCL calls take raw pointers; each must lie inside a live allocation of the right size.
+- in-place arithmetic casts as CuPy does (``same_kind``); ``set``/``get(out=)`` need contiguous
+  arrays of the same shape and dtype, as in CuPy;
+- every allocation is registered, so that fake_nccl.py can match NCCL's raw pointers to live
+  allocations, and tell when a buffer was freed before a grouped NCCL call ran.
 
 What it cannot check: stream ordering (everything here runs at once), CuPy's memory pool, real
 CUDA-aware MPI, DLPack with TensorFlow, NCCL's own limits. Those need a GPU (docs/gpu.md).
@@ -20,7 +20,6 @@ CUDA-aware MPI, DLPack with TensorFlow, NCCL's own limits. Those need a GPU (doc
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import sys
 import types
@@ -31,26 +30,35 @@ import numpy as np
 from mpi4py import MPI
 
 transfers = {"to_device": 0, "to_host": 0}   # bytes copied across the (pretend) PCIe bus
-_live: dict[int, tuple[int, int]] = {}       # id(base) -> (start address, nbytes) of live allocations
+_live: dict[int, tuple[int, int]] = {}       # serial -> (start address, nbytes) of live allocations
+_serials = itertools.count()
 _current_device = [0]
 
 
 def _allocation(a: np.ndarray) -> np.ndarray:
     """Register ``a`` (a fresh NumPy array) as a device allocation that NCCL calls may point into."""
-    key = id(a)
-    _live[key] = (a.ctypes.data, a.nbytes)
-    weakref.finalize(a, _live.pop, key, None)
+    serial = next(_serials)
+    _live[serial] = (a.ctypes.data, a.nbytes)
+    weakref.finalize(a, _live.pop, serial, None)
     return a
 
 
-def _check_pointer(ptr: int, nbytes: int, what: str) -> None:
+def allocation_of(ptr: int, nbytes: int, what: str) -> int | None:
+    """The serial number of the live allocation holding ``nbytes`` at ``ptr`` (None for 0 bytes)."""
     if nbytes == 0:
-        return
-    for start, size in _live.values():
+        return None
+    for serial, (start, size) in _live.items():
         if start <= ptr and ptr + nbytes <= start + size:
-            return
+            return serial
     raise RuntimeError(f"fake NCCL: {what} points at {nbytes} bytes at {ptr:#x}, which no live device "
-                       f"allocation holds (freed before the NCCL call ran?)")
+                       f"allocation holds")
+
+
+def check_alive(serial: int | None, what: str) -> None:
+    """Raise if allocation ``serial`` was freed (its address may hold another array by now)."""
+    if serial is not None and serial not in _live:
+        raise RuntimeError(f"fake NCCL: the buffer of {what} was freed before the NCCL call ran (inside a "
+                           f"group, calls run at groupEnd: keep their buffers referenced until then)")
 
 
 class _Pointer:
@@ -154,12 +162,15 @@ class ndarray:
         transfers["to_host"] += self.nbytes
         if out is None:
             return self._a.copy()
-        if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != self.dtype:
-            raise ValueError("fake cupy: `out` must be a NumPy array of the same shape and dtype")
+        if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != self.dtype \
+                or not out.flags.c_contiguous:
+            raise ValueError("fake cupy: `out` must be a C-contiguous NumPy array of the same shape and dtype")
         out[...] = self._a
         return out
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        if not self.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")
         if not isinstance(arr, np.ndarray) or arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError("fake cupy: set() needs a NumPy array of the same shape and dtype")
         transfers["to_device"] += arr.nbytes
@@ -176,7 +187,7 @@ class ndarray:
         return self._wrap(_allocation(np.asarray(fn(self._a, _device_operand(other, "arithmetic")))))
 
     def _inplace(self, other: Any, fn: Any) -> "ndarray":
-        fn(self._a, _device_operand(other, "arithmetic"), out=self._a, casting="unsafe")
+        fn(self._a, _device_operand(other, "arithmetic"), out=self._a, casting="same_kind")  # as CuPy
         return self
 
     __add__ = lambda self, o: self._binary(o, np.add)
@@ -280,141 +291,15 @@ def from_dlpack(x: Any) -> ndarray:
     raise NotImplementedError("fake cupy: DLPack needs a real GPU")
 
 
-# -- NCCL over MPI ------------------------------------------------------------------------------------
-
-_NCCL_DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-                "bfloat16"]
-_NCCL_OPS = ["sum", "prod", "max", "min", "avg"]
-_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
-_ids = itertools.count()
-_group: list[list] = []   # the calls of an open group, run at groupEnd
-_rendezvous: list[MPI.Intracomm] = []
-
-
-def _numpy_dtype(code: int) -> np.dtype:
-    name = _NCCL_DTYPES[code]
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def _at(ptr: int, count: int, dtype: np.dtype, what: str) -> np.ndarray:
-    nbytes = count * dtype.itemsize
-    _check_pointer(ptr, nbytes, what)
-    if nbytes == 0:
-        return np.empty(0, dtype)
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=dtype)
-
-
-class NcclCommunicator:
-    """``ndev`` ranks that built their communicator with the same unique id (over MPI underneath)."""
-
-    def __init__(self, ndev: int, comm_id: bytes, rank: int) -> None:
-        if not isinstance(comm_id, bytes) or len(comm_id) != 128:  # as CuPy 14's signature
-            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(comm_id).__name__})")
-        root, serial = (int(x) for x in np.frombuffer(comm_id[:16], dtype=np.int64))
-        world = _rendezvous[0]
-        tag = 4000 + serial % 1000
-        if rank == 0:
-            members = [world.Get_rank()] + [0] * (ndev - 1)
-            for _ in range(ndev - 1):
-                local, member = world.recv(source=MPI.ANY_SOURCE, tag=tag)
-                members[local] = member
-            for member in members[1:]:
-                world.send(members, dest=member, tag=tag)
-        else:
-            world.send((rank, world.Get_rank()), dest=root, tag=tag)
-            members = world.recv(source=root, tag=tag)
-        self.comm = world.Create_group(world.Get_group().Incl(members), tag)
-        self.size, self.rank, self.aborted = ndev, rank, False
-
-    def _run(self, fn: Any, *args: Any) -> None:
-        if self.aborted:
-            raise RuntimeError("fake NCCL: communicator was aborted")
-        if _group:
-            _group[-1].append((fn, args))
-        else:
-            fn(*args)
-
-    def _reduced(self, send: np.ndarray, op: int) -> np.ndarray:
-        stacked = np.empty((self.size,) + send.shape, send.dtype)
-        self.comm.Allgather(send.view(np.uint8), stacked.view(np.uint8))
-        name = _NCCL_OPS[op]
-        if name == "avg":
-            return (stacked.sum(axis=0) / self.size).astype(send.dtype)
-        return _REDUCE[name](stacked, axis=0).astype(send.dtype)
-
-    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:
-        def run() -> None:
-            d = _numpy_dtype(datatype)
-            send = _at(sendbuf, count, d, "allReduce sendbuf").copy()
-            _at(recvbuf, count, d, "allReduce recvbuf")[...] = self._reduced(send, op)
-        self._run(run)
-
-    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
-               stream: int) -> None:
-        def run() -> None:
-            d = _numpy_dtype(datatype)
-            result = self._reduced(_at(sendbuf, count, d, "reduce sendbuf").copy(), op)
-            if self.rank == root:
-                _at(recvbuf, count, d, "reduce recvbuf")[...] = result
-        self._run(run)
-
-    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
-                      stream: int) -> None:
-        def run() -> None:
-            d = _numpy_dtype(datatype)
-            result = self._reduced(_at(sendbuf, recvcount * self.size, d, "reduceScatter sendbuf").copy(), op)
-            _at(recvbuf, recvcount, d, "reduceScatter recvbuf")[...] = \
-                result[self.rank * recvcount:(self.rank + 1) * recvcount]
-        self._run(run)
-
-    def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int, stream: int) -> None:
-        def run() -> None:
-            d = _numpy_dtype(datatype)
-            buf = _at(sendbuf, count, d, "broadcast sendbuf").copy() if self.rank == root else np.empty(count, d)
-            self.comm.Bcast(buf.view(np.uint8), root=root)
-            _at(recvbuf, count, d, "broadcast recvbuf")[...] = buf
-        self._run(run)
-
-    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
-        def run() -> None:
-            d = _numpy_dtype(datatype)
-            send = _at(sendbuf, count, d, "allGather sendbuf").copy()
-            out = np.empty(count * self.size, d)
-            self.comm.Allgather(send.view(np.uint8), out.view(np.uint8))
-            _at(recvbuf, count * self.size, d, "allGather recvbuf")[...] = out
-        self._run(run)
-
-    def check_async_error(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        self.aborted = True   # the MPI communicator is left as it is: peers may never reach a free
-
-
-def get_unique_id() -> bytes:
-    """128 bytes, as CuPy >= 14 gives them; this one names the creating rank and a serial number."""
-    return np.array([_rendezvous[0].Get_rank(), next(_ids)], dtype=np.int64).tobytes() + bytes(112)
-
-
-def groupStart() -> None:
-    _group.append([])
-
-
-def groupEnd() -> None:
-    for fn, args in _group.pop():
-        fn(*args)
-
-
 # -- modules -------------------------------------------------------------------------------------------
 
 NAMES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.cuda.runtime", "cupyx")
 
 
 def _modules() -> dict[str, types.ModuleType]:
-    cupy, cuda, nccl, runtime, cupyx = (types.ModuleType(n) for n in NAMES)
+    import fake_nccl
+    cupy, cuda, runtime, cupyx = (types.ModuleType(n) for n in NAMES if n != "cupy.cuda.nccl")
+    nccl = fake_nccl.module()
     me = sys.modules[__name__]
     for name in ("ndarray", "asarray", "ascontiguousarray", "asnumpy", "empty", "zeros", "ones", "full",
                  "empty_like", "zeros_like", "where", "abs", "from_dlpack", "sum", "prod", "min", "max", "sign",
@@ -429,15 +314,6 @@ def _modules() -> dict[str, types.ModuleType]:
     cuda.get_current_stream = lambda: _STREAM
     runtime.getDeviceCount = lambda: 1
     runtime.deviceSynchronize = lambda: None
-    for i, name in enumerate(_NCCL_DTYPES):
-        setattr(nccl, f"NCCL_{name.upper()}", i)
-    for i, name in enumerate(_NCCL_OPS):
-        setattr(nccl, f"NCCL_{name.upper()}", i)
-    nccl.NCCL_FLOAT = nccl.NCCL_FLOAT32
-    nccl.available = True
-    nccl.get_version = lambda: 22105
-    nccl.get_unique_id, nccl.NcclCommunicator = get_unique_id, NcclCommunicator
-    nccl.groupStart, nccl.groupEnd = groupStart, groupEnd
     cupyx.empty_pinned = lambda shape, dtype=float: np.empty(shape, dtype=dtype)
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl, "cupy.cuda.runtime": runtime,
             "cupyx": cupyx}
@@ -450,7 +326,6 @@ def install() -> types.ModuleType:
     """Put the fake CuPy in ``sys.modules`` (collective over COMM_WORLD: every rank calls it); a
     real CuPy already imported (installed, but no GPU) is put aside until :func:`uninstall`."""
     _saved.update({n: sys.modules[n] for n in NAMES if n in sys.modules})
-    _rendezvous[:] = [MPI.COMM_WORLD.Dup()]
     sys.modules.update(_modules())
     return sys.modules["cupy"]
 
@@ -460,5 +335,5 @@ def uninstall() -> None:
         sys.modules.pop(name, None)
     sys.modules.update(_saved)
     _saved.clear()
-    if _rendezvous:
-        _rendezvous.pop().Free()
+    import fake_nccl
+    fake_nccl.close()

@@ -226,6 +226,7 @@ def test_staging_happens_only_on_staged_paths(setup, cp, monkeypatch, transfers)
         call(setup, "broadcast", value, root=setup.engine.size - 1)
         call(setup, "allgather", value["b"], **kwargs)
         call(setup, "reduce_scatter", [value["w"]], "sum", **kwargs)
+        call(setup, "reduce", value, "max", root=0, **kwargs)
     if setup.path in (Path.NCCL, Path.MPI_DEVICE):
         assert calls == []
         if transfers is not None:  # not one byte crossed between host and device, in any collective
@@ -312,6 +313,27 @@ def test_bench_gpu_runs_and_reports_the_path(cp, comm):
     assert path in {p.value for p in Path}
 
 
+@pytest.mark.skipif(REAL_GPU, reason="checks the fake CuPy's own strictness")
+def test_the_fake_refuses_what_a_gpu_would_punish(cp):
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)  # a one-rank communicator on every rank
+    x = cp.ones(8, dtype=cp.float32)
+    with pytest.raises(RuntimeError, match="not aligned"):
+        comm.allReduce(x.data.ptr + 2, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    nccl.groupStart()
+    y = cp.ones(8, dtype=cp.float32)
+    comm.allReduce(y.data.ptr, y.data.ptr, 8, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    del y  # freed before the group ran its call
+    with pytest.raises(RuntimeError, match="freed before the NCCL call ran"):
+        nccl.groupEnd()
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(x)
+    with pytest.raises(TypeError):
+        x[...] = np.zeros(8, np.float32)  # host data into device memory needs an explicit copy
+    with pytest.raises(TypeError):
+        cp.ones(3, dtype=cp.int32).__itruediv__(2)  # CuPy casts in place only within a kind
+
+
 # -- strategies (NumPy framework) -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -361,6 +383,8 @@ def test_nccl_all_reduce_and_ring_on_cupy(cp, comm):
 
 @pytest.fixture(scope="module")
 def tf_gpu():
+    if not REAL_GPU:  # the fake CuPy has no DLPack
+        pytest.skip("TensorFlow GPU tensors need a real GPU and CuPy")
     tf = pytest.importorskip("tensorflow")
     if not tf.config.list_physical_devices("GPU"):
         pytest.skip("TensorFlow sees no GPU")
