@@ -81,7 +81,7 @@ def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer,
     else:
         train, test = (tf.data.Dataset.from_tensor_slices(d).batch(GLOBAL_BATCH) for d in ((x, y), (xe, ye)))
         if data == "distributed":
-            train, test = strategy.experimental_distribute_dataset(train), strategy.experimental_distribute_dataset(test)
+            train, test = (strategy.experimental_distribute_dataset(d) for d in (train, test))
         history = model.fit(train, **fit)
         got = model.evaluate(test, verbose=0, return_dict=True)
 
