@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from ..errors import deadline_exceeded
@@ -28,6 +29,15 @@ _log = logging.getLogger("mpidist")
 _abandoned: list[tuple[MPI.Request, tuple, str]] = []
 _SPIN = 2e-4        # poll without sleeping for this long, then back off
 _MAX_NAP = 1e-3
+
+
+def check_timeout(value: Any, where: str) -> float | None:
+    """A ``timeout_seconds`` argument as seconds (None stays None), or ValueError naming ``where``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not value > 0:
+        raise ValueError(f"{where}: `timeout_seconds` must be None or a number > 0, got {value!r}")
+    return float(value)
 
 
 class Caller:

@@ -27,7 +27,7 @@ from ..topology import Topology
 from . import agreement, allgather, allreduce, arrays, broadcast, nest, packing, reduce, reduce_scatter, stall, timeline
 from . import gpu  # GPU dispatch hook (issue 8): device arrays go to collectives/gpu
 from .algorithms import choose
-from .deadline import Caller
+from .deadline import Caller, check_timeout
 from .fastpath import FastPaths
 from .ops import Op, parse_op
 
@@ -138,7 +138,7 @@ class Engine:
     def barrier(self, *, timeout_seconds: float | None = None) -> None:
         """Wait until every rank has called barrier (under the same deadline rules)."""
         self._check_usable("barrier")
-        timeout = self._check_timeout(timeout_seconds, "barrier")
+        timeout = rc.timeout_seconds if timeout_seconds is None else check_timeout(timeout_seconds, "barrier")
         if self._monitor is not None:
             self._monitor.enter("barrier")
         try:
@@ -177,7 +177,7 @@ class Engine:
             bpp, npk, alg = rc.bytes_per_pack, None, rc.algorithm
         else:
             bpp, npk, alg = self._check_packing(where, bytes_per_pack, num_packs, algorithm)
-        timeout = rc.timeout_seconds if timeout_seconds is None else self._check_timeout(timeout_seconds, where)
+        timeout = rc.timeout_seconds if timeout_seconds is None else check_timeout(timeout_seconds, where)
         if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
             leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
         else:
@@ -250,14 +250,6 @@ class Engine:
                 or not 0 <= root < self.size:
             raise ValueError(f"{where}: `root` must be a rank in [0, {self.size}), got {root!r}")
         return int(root)
-
-    @staticmethod
-    def _check_timeout(timeout: Any, where: str) -> float | None:
-        if timeout is None:
-            return rc.timeout_seconds
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)) or not timeout > 0:
-            raise ValueError(f"{where}: `timeout_seconds` must be None or a number > 0, got {timeout!r}")
-        return float(timeout)
 
     @staticmethod
     def _check_packing(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any

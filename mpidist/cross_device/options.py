@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from ..collectives.deadline import check_timeout
+
 
 class CommunicationImplementation(enum.Enum):
     AUTO = "AUTO"
@@ -38,14 +40,6 @@ def _bytes_per_pack(value: Any, where: str) -> int:
     return value
 
 
-def _timeout(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{where}: `timeout_seconds` must be None or a number > 0, got {value!r}")
-    return float(value)
-
-
 class CommunicationOptions:
     """Options for cross-replica communication (``tf.distribute.experimental.CommunicationOptions``).
 
@@ -59,7 +53,7 @@ class CommunicationOptions:
                  implementation: Any = CommunicationImplementation.AUTO) -> None:
         where = "CommunicationOptions"
         self.bytes_per_pack = _bytes_per_pack(bytes_per_pack, where)
-        self.timeout_seconds = _timeout(timeout_seconds, where)
+        self.timeout_seconds = check_timeout(timeout_seconds, where)
         self.implementation = _implementation(implementation, where)
 
     def merge(self, other: "CommunicationOptions | None") -> "CommunicationOptions":
