@@ -108,8 +108,7 @@ class HierarchicalTransport:
         self.allreduce(mine, recv, BYTES)
 
     def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
-        counts_ = [int(c) for c in counts]
-        start = _displacements(counts_)[self.env.rank]
+        start = _displacements(counts)[self.env.rank]
         total = self.env.cp.empty_like(send)
         self.allreduce(send, total, rule)
-        recv[...] = total[start:start + counts_[self.env.rank]]
+        recv[...] = total[start:start + counts[self.env.rank]]

@@ -193,15 +193,15 @@ class NcclTransport:
                     self.node.broadcast_bytes(src, base + d, c, r, stream)
 
     def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
-        counts_, cp = [int(c) for c in counts], self.env.cp
-        if len(set(counts_)) == 1:
+        cp = self.env.cp
+        if len(set(counts)) == 1:
             self.node.reduce_scatter(send, recv, rule, self.env.stream)
             return
         # Unequal blocks: pad every block to the largest; padded slots only meet padded slots.
-        m, displs = max(counts_), _displacements(counts_)
-        padded = cp.zeros(m * len(counts_), dtype=rule.wire)
-        for r, (c, d) in enumerate(zip(counts_, displs)):
+        m, displs = max(counts), _displacements(counts)
+        padded = cp.zeros(m * len(counts), dtype=rule.wire)
+        for r, (c, d) in enumerate(zip(counts, displs)):
             padded[r * m:r * m + c] = send[d:d + c]
         block = cp.empty(m, dtype=rule.wire)
         self.node.reduce_scatter(padded, block, rule, self.env.stream)
-        recv[...] = block[:counts_[self.env.rank]]
+        recv[...] = block[:counts[self.env.rank]]
