@@ -16,10 +16,20 @@ or NCCL for NcclAllReduce) reaches the engine's GPU path through ``collectives.g
 
 A CrossDeviceOps object is bound to a strategy's engine when the strategy is built; used on its
 own it binds to an engine over COMM_WORLD on first use (collective).
+
+Framework values (TensorFlow tensors, variables, TensorFlow's distributed values, and nests of
+them) are handed to a value adapter: an object a framework layer registers with
+:func:`register_value_adapter`. This layer never imports TensorFlow: when the program has imported
+it, the TensorFlow adapter is loaded once by module path (``TF_ADAPTER``, as strategies/backends.py
+loads the TensorFlow strategies) and registers itself. The adapter converts the values, runs this
+object's own reduction or broadcast on their arrays (:meth:`CrossDeviceOps.reduce_arrays`,
+:meth:`CrossDeviceOps.broadcast_arrays`) and returns framework values; NumPy values never reach it.
 """
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from typing import Any, Iterable
 
 from ..collectives import Engine, gpu
@@ -27,6 +37,35 @@ from .options import CommunicationOptions, as_options
 from .reduce_op import ReduceOp, as_reduce_op
 
 _log = logging.getLogger("mpidist")
+
+TF_ADAPTER = "mpidist.tensorflow.cross_device"  # registers the TensorFlow value adapter on import
+_adapters: list[Any] = []
+_tf_adapter_loaded = False
+
+
+def register_value_adapter(adapter: Any) -> None:
+    """Let ``adapter`` take the values it recognises. It has ``handles(value) -> bool`` and
+    ``reduce(ops, op, value, options, where)``, ``batch_reduce(ops, op, values, options, where)``
+    (a list of results) and ``broadcast(ops, value, root, where)``; ``op`` is a ReduceOp and
+    ``options`` a CommunicationOptions. Registering the same adapter twice is a no-op."""
+    for method in ("handles", "reduce", "batch_reduce", "broadcast"):
+        if not callable(getattr(adapter, method, None)):
+            raise TypeError(f"register_value_adapter: `adapter` must have a `{method}` method, got "
+                            f"{type(adapter).__name__}")
+    if adapter not in _adapters:
+        _adapters.append(adapter)
+
+
+def _adapter_for(*values: Any) -> Any | None:
+    """The registered adapter that takes any of ``values``, or None (NumPy values: always None)."""
+    global _tf_adapter_loaded
+    if not _tf_adapter_loaded and "tensorflow" in sys.modules:
+        _tf_adapter_loaded = True
+        importlib.import_module(TF_ADAPTER)
+    for adapter in _adapters:
+        if any(adapter.handles(v) for v in values):
+            return adapter
+    return None
 
 
 def local_value(value: Any) -> Any:
@@ -52,9 +91,12 @@ class CrossDeviceOps:
         self._engine: Engine | None = None
 
     # -- binding -------------------------------------------------------------------------------
-    def _bind(self, engine: Engine) -> "CrossDeviceOps":
+    def bind(self, engine: Any) -> "CrossDeviceOps":
+        """Run on ``engine`` (a strategy binds its cross_device_ops to its own engine); returns self."""
         self._engine = engine
         return self
+
+    _bind = bind
 
     @property
     def engine(self) -> Engine:
@@ -71,20 +113,46 @@ class CrossDeviceOps:
         """Reduce ``per_replica_value`` across replicas; every rank gets the result."""
         where = f"{type(self).__name__}.reduce"
         op = as_reduce_op(reduce_op, where)
-        return self._reduce(op, local_value(per_replica_value), as_options(options, where), where)
+        options = as_options(options, where)
+        adapter = _adapter_for(per_replica_value)
+        if adapter is not None:
+            return adapter.reduce(self, op, per_replica_value, options, where)
+        return self._reduce(op, local_value(per_replica_value), options, where)
 
     def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
                      options: Any = None) -> list[Any]:
         """Reduce several values in one logical collective; returns one result per pair."""
         where = f"{type(self).__name__}.batch_reduce"
         op = as_reduce_op(reduce_op, where)
-        values = [local_value(v) for v, _ in value_destination_pairs]
-        return list(self._reduce(op, values, as_options(options, where), where)) if values else []
+        options = as_options(options, where)
+        values = [v for v, _ in value_destination_pairs]
+        adapter = _adapter_for(*values)
+        if adapter is not None:
+            return list(adapter.batch_reduce(self, op, values, options, where)) if values else []
+        values = [local_value(v) for v in values]
+        return list(self._reduce(op, values, options, where)) if values else []
 
     def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
         """The value of ``root`` (default rank 0) delivered to every rank."""
+        adapter = _adapter_for(tensor)
+        if adapter is not None:
+            return adapter.broadcast(self, tensor, root, f"{type(self).__name__}.broadcast")
+        return self.broadcast_arrays(local_value(tensor), root)
+
+    # -- array level (what value adapters call) ----------------------------------------------------
+    def reduce_arrays(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+        """This object's reduction (algorithm, packing, root) of arrays, numbers or a nest of them."""
+        where = f"{type(self).__name__}.reduce"
+        return self._reduce(as_reduce_op(reduce_op, where), value, as_options(options, where), where)
+
+    def broadcast_arrays(self, value: Any, root: int = 0, timeout_seconds: float | None = None) -> Any:
+        """``root``'s arrays (a nest) on every rank."""
         with gpu.implementation(*self._implementation(None)):
-            return self.engine.broadcast(local_value(tensor), root=root)
+            return self.engine.broadcast(value, root=root, timeout_seconds=timeout_seconds)
+
+    def implementation_for(self, options: Any = None) -> str:
+        """The implementation device buffers take: "auto", "ring" or "nccl" (lower case)."""
+        return self._implementation(as_options(options, type(self).__name__))[0].lower()
 
     def _implementation(self, options: CommunicationOptions | None) -> tuple[str, str | None]:
         """(implementation for device buffers, who asked for it): the options' by default."""

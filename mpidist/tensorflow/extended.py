@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, input as input_lib, reductions, variables
+from . import _tf_private, collectives, cross_device, input as input_lib, reductions, variables
 from .replica_context import MPIReplicaContext
 
 
@@ -41,6 +41,15 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         self._central_storage = central_storage
         self._sync_on_read: list[weakref.ref] = []  # in creation order: the same on every rank
         self._saved_reads: dict[int, tf.Tensor] = {}  # SyncOnRead id -> aggregate (checkpoint.save)
+        self._cross_device_ops: Any = None
+        self._reduce_engine: Any = engine  # what reduce_to/batch_reduce_to/broadcast_to run on
+
+    def use_cross_device_ops(self, cross_device_ops: Any) -> None:
+        """Run reductions (``reduce``, ``reduce_to``, ``batch_reduce_to``, SyncOnRead reads) and
+        ``broadcast_to`` through ``cross_device_ops`` (its algorithm, packing and root), bound to
+        this strategy's engine."""
+        self._cross_device_ops = cross_device_ops.bind(self._engine)
+        self._reduce_engine = cross_device.OpsEngine(cross_device_ops)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -67,7 +76,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
                 return tf.nest.pack_sequence_as(value, found)
         leaves = [tf.convert_to_tensor(self._local_value(v)) for v in flat]
         call = self._call_options(options, where)
-        return tf.nest.pack_sequence_as(value, reductions.reduce_tensors(self._engine, op, leaves, axis, call, where))
+        reduced = reductions.reduce_tensors(self._reduce_engine, op, leaves, axis, call, where)
+        return tf.nest.pack_sequence_as(value, reduced)
 
     def live_sync_on_read_variables(self) -> list[Any]:
         """The SyncOnRead variables created in this strategy's scope that are still alive."""
@@ -192,7 +202,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Rank 0's value on every rank (the whole nest in one broadcast)."""
         flat = [tf.convert_to_tensor(self._local_value(v)) for v in tf.nest.flatten(tensor)]
-        out = collectives.broadcast(self._engine, flat, 0, self._default_call, "MPIExtended.broadcast_to")
+        out = collectives.broadcast(self._reduce_engine, flat, 0, self._default_call, "MPIExtended.broadcast_to")
         return tf.nest.pack_sequence_as(tensor, out)
 
     def _gather_to_implementation(self, value: Any, destinations: Any, axis: Any, options: Any) -> Any:

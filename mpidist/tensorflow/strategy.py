@@ -97,6 +97,8 @@ class MPIStrategy(tf.distribute.Strategy):
     def __deepcopy__(self, memo: dict) -> "MPIStrategy":
         ext = self.extended
         copy = type(self)(self._kind, self._engine_ref, ext._options, ext._device, ext._scope_device)
+        if ext._cross_device_ops is not None:
+            copy.extended.use_cross_device_ops(ext._cross_device_ops)
         memo[id(self)] = copy
         return copy
 
@@ -132,7 +134,8 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     "CentralStorageStrategy". engine: an mpidist.Engine over the strategy's communicator.
     options: a CommunicationOptions (``bytes_per_pack`` and ``timeout_seconds`` reach every
     engine call). devices: device names; rank with node-local rank i uses devices[i % len].
-    cross_device_ops: accepted and ignored (the engine chooses algorithms itself).
+    cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
+    ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
     """
     where = "make_strategy"
     if kind not in KINDS:
@@ -144,6 +147,9 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     if kind == "OneDeviceStrategy" and engine.size != 1:
         raise ValueError(f"{where}: OneDeviceStrategy needs an engine over one rank (MPI.COMM_SELF), "
                          f"got one over {engine.size} ranks")
+    if cross_device_ops is not None and not callable(getattr(cross_device_ops, "reduce_arrays", None)):
+        raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps, got "
+                        f"{type(cross_device_ops).__name__}")
     options = as_options(options, where)
     if options.implementation is CommunicationImplementation.NCCL and not tf.config.list_physical_devices("GPU"):
         raise ValueError(f"{where}: `options.implementation` is NCCL, which needs GPUs, but TensorFlow sees "
@@ -151,5 +157,7 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     gpu_bridge.prepare()  # GPU hook (issue 8): memory growth before TensorFlow initializes its GPUs
     device, scope_device = _resolve_device(kind, engine, devices, where)
     strategy = MPIStrategy(kind, engine, options, device, scope_device)
+    if cross_device_ops is not None:
+        strategy.extended.use_cross_device_ops(cross_device_ops)
     _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)
     return strategy

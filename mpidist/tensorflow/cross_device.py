@@ -1,0 +1,145 @@
+"""CrossDeviceOps on TensorFlow values: the value adapter mpidist.cross_device loads when TF is in use.
+
+``NcclAllReduce().reduce(...)``, ``batch_reduce(...)`` and ``broadcast(...)`` (every CrossDeviceOps
+class) take ``tf.Tensor``, ``tf.Variable``, TensorFlow's or mpidist's distributed values
+(PerReplica, Mirrored, distributed variables: this rank's one component) and nests of them, and
+return ``tf.Tensor`` results in the same nest. A nest that mixes NumPy arrays in is converted
+whole. Eagerly and inside a ``tf.function`` alike, the whole nest (or the whole batch) is ONE call
+of the TensorFlow bridge (collectives.py: eager arrays, or one ordered ``tf.numpy_function`` op in
+a graph; GPU tensors through gpu_bridge.py) whose engine is an :class:`OpsEngine`: the ops object's
+own algorithm, packing and root run on the arrays.
+
+:class:`OpsEngine` is also what a strategy built with ``cross_device_ops=`` reduces and broadcasts
+on (``MPIExtended.use_cross_device_ops``).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from ..cross_device import ops as ops_lib
+from ..cross_device.options import CommunicationOptions
+from ..cross_device.reduce_op import ReduceOp
+from . import collectives
+from .collectives import CallOptions
+
+
+class OpsEngine:
+    """An engine-shaped view of a CrossDeviceOps: ``allreduce`` runs its reduction (algorithm,
+    packing, root), ``broadcast`` its broadcast; other calls go to its engine. Keyword options a
+    caller passes (``bytes_per_pack``, ``timeout_seconds``) override ``options``."""
+
+    def __init__(self, cross_device_ops: Any, options: CommunicationOptions | None = None) -> None:
+        self.ops = cross_device_ops
+        self.options = options if options is not None else CommunicationOptions()
+
+    @property
+    def rank(self) -> int:
+        return self.ops.engine.rank
+
+    @property
+    def size(self) -> int:
+        return self.ops.engine.size
+
+    def _options(self, bytes_per_pack: int | None, timeout_seconds: float | None) -> CommunicationOptions:
+        base = self.options
+        return CommunicationOptions(bytes_per_pack or base.bytes_per_pack,
+                                    base.timeout_seconds if timeout_seconds is None else timeout_seconds,
+                                    base.implementation)
+
+    def allreduce(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
+                  timeout_seconds: float | None = None, **_engine_choices: Any) -> Any:
+        return self.ops.reduce_arrays(op, value, self._options(bytes_per_pack, timeout_seconds))
+
+    def broadcast(self, value: Any, root: int = 0, *, timeout_seconds: float | None = None,
+                  **_engine_choices: Any) -> Any:
+        timeout = self.options.timeout_seconds if timeout_seconds is None else timeout_seconds
+        return self.ops.broadcast_arrays(value, root, timeout)
+
+    def allgather(self, value: Any, **kwargs: Any) -> Any:
+        return self.ops.engine.allgather(value, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"OpsEngine({self.ops!r})"
+
+
+def _is_tf_leaf(value: Any) -> bool:
+    value = ops_lib.local_value(value)  # mpidist's DistributedValues: its component
+    return isinstance(value, (tf.Tensor, tf.Variable, tf.distribute.DistributedValues, tf.IndexedSlices))
+
+
+def handles(value: Any) -> bool:
+    """Whether ``value`` (a nest) holds any TensorFlow value."""
+    return any(_is_tf_leaf(leaf) for leaf in tf.nest.flatten(value))
+
+
+def _tensor(leaf: Any, index: int, where: str) -> tf.Tensor:
+    value = ops_lib.local_value(leaf)
+    if isinstance(value, tf.distribute.DistributedValues):
+        components = value.values
+        if len(components) != 1:
+            raise ValueError(f"{where}: leaf {index} of the value is a {type(value).__name__} with "
+                             f"{len(components)} components; mpidist runs one replica per rank, so a "
+                             f"distributed value must have exactly one (this rank's)")
+        value = components[0]
+    if isinstance(value, tf.IndexedSlices):
+        raise NotImplementedError(f"{where}: leaf {index} of the value is a tf.IndexedSlices, which "
+                                  f"mpidist's CrossDeviceOps do not reduce; pass tf.convert_to_tensor(it)")
+    return tf.convert_to_tensor(value)
+
+
+def _flat(values: Sequence[Any], where: str) -> tuple[list[list[Any]], list[tf.Tensor]]:
+    nests = [tf.nest.flatten(v) for v in values]
+    tensors = [_tensor(leaf, i, where) for i, leaf in enumerate(leaf for nest in nests for leaf in nest)]
+    return nests, tensors
+
+
+def _call_options(ops: Any, options: CommunicationOptions) -> CallOptions:
+    return CallOptions(implementation=ops.implementation_for(options))
+
+
+def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: CommunicationOptions,
+                 where: str) -> list[Any]:
+    """Every value of ``values`` (each a nest) reduced over all ranks, in ONE bridge call."""
+    nests, tensors = _flat(values, where)
+    reduced = collectives.allreduce(OpsEngine(ops, options), tensors, op.value.lower(),
+                                    _call_options(ops, options), where)
+    out, start = [], 0
+    for value, nest in zip(values, nests):
+        out.append(tf.nest.pack_sequence_as(value, reduced[start:start + len(nest)]))
+        start += len(nest)
+    return out
+
+
+def reduce(ops: Any, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    """``value`` (a nest) reduced over all ranks."""
+    return batch_reduce(ops, op, [value], options, where)[0]
+
+
+def broadcast(ops: Any, value: Any, root: int, where: str) -> Any:
+    """``root``'s ``value`` (a nest) on every rank, in one bridge call."""
+    nests, tensors = _flat([value], where)
+    out = collectives.broadcast(OpsEngine(ops), tensors, root, _call_options(ops, None), where)
+    return tf.nest.pack_sequence_as(value, out)
+
+
+class _Adapter:
+    """What mpidist.cross_device.ops calls for TensorFlow values (see register_value_adapter)."""
+
+    handles = staticmethod(handles)
+    reduce = staticmethod(reduce)
+    batch_reduce = staticmethod(batch_reduce)
+    broadcast = staticmethod(broadcast)
+
+
+ADAPTER = _Adapter()
+ops_lib.register_value_adapter(ADAPTER)
+
+# Called inside a tf.function, the entry points are library code that AutoGraph must not convert
+# (it would convert down into the engine and mpi4py, warning on every trace). The lower layer
+# cannot import TensorFlow to mark them, so they are marked here, once, when TF is in use.
+for _name in ("reduce", "batch_reduce", "broadcast"):
+    _method = getattr(ops_lib.CrossDeviceOps, _name)
+    if not hasattr(_method, "autograph_info__"):  # what do_not_convert leaves on its wrapper
+        setattr(ops_lib.CrossDeviceOps, _name, tf.autograph.experimental.do_not_convert(_method))
