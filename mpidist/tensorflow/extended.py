@@ -17,6 +17,7 @@ from typing import Any, Callable, ContextManager
 
 import tensorflow as tf
 
+from ..cross_device import local_value
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
 from . import _tf_private, collectives, cross_device, input as input_lib, reductions, variables
@@ -63,7 +64,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         """This rank's component of a distributed value, or the value itself."""
         if isinstance(value, tf.distribute.DistributedValues):
             return value._values[0]  # pylint: disable=protected-access
-        return value
+        return local_value(value)  # mpidist's own DistributedValues too
 
     def _reduce_nest(self, op: ReduceOp, value: Any, axis: Any, options: Any, where: str) -> Any:
         """One engine call for the whole nest ``value`` (see reductions.reduce_tensors)."""
