@@ -18,6 +18,16 @@ from .input import (DistributedDataset, DistributedIterator, InputContext, Input
                     InputReplicationMode)
 from . import experimental, cluster_resolver
 
+
+
+def __getattr__(name: str):
+    """``mpidist.Server`` imports TensorFlow, so only when first used (``import mpidist`` does not)."""
+    if name == "Server":
+        from .tensorflow.server import Server
+        return Server
+    raise AttributeError(f"module 'mpidist' has no attribute {name!r}")
+
+
 _abort.install()  # an uncaught exception on one rank ends the job (rc.abort_on_error)
 
 __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
