@@ -61,7 +61,10 @@ def _adapter_for(*values: Any) -> Any | None:
     global _tf_adapter_loaded
     if not _tf_adapter_loaded and "tensorflow" in sys.modules:
         _tf_adapter_loaded = True
-        importlib.import_module(TF_ADAPTER)
+        try:
+            importlib.import_module(TF_ADAPTER)
+        except ImportError as error:  # an untested TensorFlow: NumPy values must keep working
+            _log.warning("mpidist: CrossDeviceOps cannot take TensorFlow values in this process: %s", error)
     for adapter in _adapters:
         if any(adapter.handles(v) for v in values):
             return adapter
