@@ -19,7 +19,6 @@ from .input import (DistributedDataset, DistributedIterator, InputContext, Input
 from . import experimental, cluster_resolver
 
 
-
 def __getattr__(name: str):
     """``mpidist.Server`` imports TensorFlow, so only when first used (``import mpidist`` does not)."""
     if name == "Server":
