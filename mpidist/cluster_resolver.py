@@ -66,12 +66,12 @@ def _gpu_count() -> int:
 
 def _roles(ps: Any, roles: Any, size: int) -> list[str] | None:
     where = "MPIClusterResolver"
+    if roles is not None and ps:
+        raise ValueError(f"{where}: give `ps` or `roles`, not both")
     if isinstance(ps, bool) or not isinstance(ps, int) or not 0 <= ps < size:
         raise ValueError(f"{where}: `ps` must be an int in [0, {size}) (the chief needs a rank of its own), "
                          f"got {ps!r}")
     if roles is not None:
-        if ps:
-            raise ValueError(f"{where}: give `ps` or `roles`, not both")
         if isinstance(roles, str) or len(roles) != size:
             raise ValueError(f"{where}: `roles` must list one task type per rank ({size}), got {roles!r}")
         bad = [r for r in roles if r not in TASK_TYPES]

@@ -222,3 +222,25 @@ def test_strategy_without_cross_device_ops_uses_its_engine(comm, eng):
 def test_strategy_rejects_foreign_cross_device_ops(eng):
     with pytest.raises(TypeError, match="make_strategy: `cross_device_ops` must be an mpidist CrossDeviceOps"):
         make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(), cross_device_ops=object())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_public_mirrored_strategy_with_cross_device_ops(comm, kind):
+    """mpidist.MirroredStrategy(cross_device_ops=...) with TensorFlow loaded: a TF strategy over this
+    node's ranks whose reduce_to / batch_reduce_to run the given ops, bound to its engine."""
+    rank = comm.Get_rank()
+    node = mpidist.Topology(comm).local
+    node_ranks = node.allgather(rank)
+    # ReductionToOneDevice's root names a rank of the strategy's communicator: this node's last one
+    ops = build(kind, len(node_ranks))
+    strategy = mpidist.MirroredStrategy(cross_device_ops=ops)
+    assert isinstance(strategy, tf.distribute.Strategy) and strategy.num_replicas_in_sync == len(node_ranks)
+    assert ops.engine is strategy.engine
+    every = inputs(comm.Get_size(), np.float32, (2, 2), "sum", seed=12)
+    mine = [every[r] for r in node_ranks]
+    x = tf.constant(every[rank])
+    check(strategy.extended.reduce_to("SUM", x, destinations=x), reduce_all(mine, "sum"))
+    batch = strategy.extended.batch_reduce_to("MAX", [(x, x), (PerReplica(x * 2), None)])
+    check(batch[0], reduce_all(mine, "max"))
+    check(batch[1], reduce_all([m * 2 for m in mine], "max"))
+    node.Free()
