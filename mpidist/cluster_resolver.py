@@ -106,8 +106,15 @@ class MPIClusterResolver:
             raise ValueError(f"{where}: `host` must be None or a host name or address, got {host!r}")
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         self._roles = _roles(ps, roles, size)
-        host = host or socket.gethostname()
-        self._addresses: list[str] = self.comm.allgather(f"{host}:{port or _free_port(host)}")
+        try:  # a free port on the given address, or on every interface
+            mine, error = f"{host or socket.gethostname()}:{port or _free_port(host or '')}", None
+        except OSError as err:  # reported on every rank, after the exchange (no rank left waiting)
+            mine, error = "", f"rank {rank}: {err}"
+        gathered = self.comm.allgather((mine, error))
+        failed = [e for _, e in gathered if e is not None]
+        if failed:
+            raise OSError(f"{where}: no free TCP port on `host` {host!r} ({failed[0]})")
+        self._addresses: list[str] = [address for address, _ in gathered]
         types = self._roles or ["worker"] * size
         self._tasks = [(t, types[:r].count(t)) for r, t in enumerate(types)]  # rank -> (type, id)
         self.task_type, self.task_id = self._tasks[rank]

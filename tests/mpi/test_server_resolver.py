@@ -71,6 +71,9 @@ def test_role_errors(comm):
     if size > 1:
         with pytest.raises(ValueError, match="MPIClusterResolver: `roles` names 2 chiefs"):
             MPIClusterResolver(comm, roles=["chief", "chief"] + ["worker"] * (size - 2))
+    bad_host = "192.0.2.1" if comm.Get_rank() == size - 1 else "127.0.0.1"  # TEST-NET: not this machine's
+    with pytest.raises(OSError, match=f"MPIClusterResolver: no free TCP port on `host` .* \\(rank {size - 1}: "):
+        MPIClusterResolver(comm, host=bad_host)  # the error on every rank, not a hang in the exchange
     with pytest.raises(ValueError, match="MPIClusterResolver.master: `task_type` must be one of"):
         MPIClusterResolver(comm, host="127.0.0.1").master("ps")
 
