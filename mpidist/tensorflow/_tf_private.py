@@ -28,7 +28,7 @@ Required:
   dataset reads and count them before sharding by file.
 
 Optional:
-- ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets
+- ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets eager
   collectives skip the custom-gradient wrapper when nothing can differentiate through them.
 - ``ops.script_ops._py_funcs`` and ``ops.gen_script_ops.py_func``: the registry and the op behind
   ``tf.numpy_function``. Registering the collective's function directly skips the AutoGraph
@@ -102,8 +102,10 @@ def in_xla_context() -> bool:
 
 
 def may_record_gradients() -> bool:
-    """False only when no gradient tape can be recording (then no custom gradient is needed)."""
-    if _could_possibly_record is None:
+    """False only when nothing can differentiate through an op made now: eagerly, with no
+    gradient tape recording. While tracing a graph it is True: ``tf.gradients`` differentiates
+    graphs without a tape (the custom gradient then costs only an IdentityN op)."""
+    if _could_possibly_record is None or not tf.executing_eagerly():
         return True
     return bool(_could_possibly_record())
 

@@ -2,10 +2,11 @@
 
 - Variables start equal on every rank: the initial value is computed on every rank and rank 0's
   is broadcast through the engine (one broadcast per variable, in creation order, which is the
-  same on every rank since every rank builds the same model). Exceptions, whose initial values
-  are equal everywhere by construction and which some programs create on one rank only (e.g.
-  ``tf.train.Checkpoint``'s ``save_counter`` on the chief): values restored from a checkpoint,
-  and non-trainable integer or bool variables (step counters, seeds, ``iterations``).
+  same on every rank since every rank builds the same model), whatever its dtype (float,
+  integer, bool), as TensorFlow's MultiWorkerMirroredStrategy does. Exceptions, whose initial
+  values are equal everywhere by construction and which some programs create on one rank only:
+  values restored from a checkpoint, and ``tf.train.Checkpoint``'s ``save_counter`` (created by
+  the first ``save``, which programs may call on the chief alone).
 - ``synchronization=ON_READ`` variables (what Keras metrics are made of) become TensorFlow's
   SyncOnReadVariable with this rank's variable as the only component: updates in a replica
   context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
@@ -24,14 +25,15 @@ import tensorflow as tf
 from . import _tf_private, collectives
 
 _log = logging.getLogger("mpidist")
+_SAVE_COUNTER = "save_counter"  # the variable tf.train.Checkpoint creates on its first save
 
 
 def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any) -> Any:
     value = tf.convert_to_tensor(value, dtype=dtype)
     if not (value.dtype.is_bool or value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex):
         return value
-    if not trainable and (value.dtype.is_integer or value.dtype.is_bool):
-        return value  # counters and seeds: equal by construction, sometimes created on one rank only
+    if not trainable and name == _SAVE_COUNTER and value.dtype.is_integer:
+        return value  # tf.train.Checkpoint's counter (0): programs may save on the chief only
     _log.debug("mpidist: broadcasting the initial value of variable %s from rank 0", name)
     return collectives.broadcast(extended._engine, [value], 0, extended._default_call,
                                  "variable creation (broadcast of rank 0's initial value)")[0]
