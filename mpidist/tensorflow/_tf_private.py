@@ -67,6 +67,7 @@ REQUIRED = (  # module, symbol
     (_TF + "distribute.distribute_lib", "UpdateContext"),
     (_TF + "distribute.distribute_lib", "get_update_replica_id"),
     (_TF + "distribute.values", "SyncOnReadVariable"),
+    (_TF + "distribute.values", "MirroredVariable"),
     (_TF + "distribute.values_util", "is_saving_non_distributed"),
     (_TF + "ops.control_flow_util", "GraphOrParentsInXlaContext"),
     (_TF + "trackable.base", "CheckpointInitialValue"),
@@ -83,7 +84,7 @@ OPTIONAL = (
     (_TF + "ops.gen_script_ops", "py_func"),
 )
 
-(UpdateContext, _get_update_replica_id, SyncOnReadVariable, _is_saving_non_distributed, _graph_in_xla,
+(UpdateContext, _get_update_replica_id, SyncOnReadVariable, MirroredVariable, _is_saving_non_distributed, _graph_in_xla,
  CheckpointInitialValue, CheckpointInitialValueCallable, CompositeTensor, _AutoShardDataset) = \
     [_require(m, n) for m, n in REQUIRED]
 for _cls, _method in REQUIRED_METHODS:
@@ -138,6 +139,12 @@ class _SyncOnReadVariable(SyncOnReadVariable):
 def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
     """Wrap this rank's ``variable`` as a SyncOnReadVariable of one component."""
     return _SyncOnReadVariable(strategy, [variable], aggregation)
+
+
+def make_mirrored(strategy: Any, variable: Any, aggregation: Any) -> Any:
+    """Wrap this rank's ``variable`` as a MirroredVariable of one component (what TensorFlow's
+    MultiWorkerMirroredStrategy makes with one device per worker)."""
+    return MirroredVariable(strategy, [variable], aggregation)
 
 
 def is_sync_on_read(value: Any) -> bool:

@@ -63,7 +63,9 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
         with extended._device_scope():
             variable = next_creator(**kwargs)
         return _tf_private.make_sync_on_read(extended._container_strategy(), variable, aggregation)
+    kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE  # what TensorFlow reports for AUTO
     if extended._engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
         kwargs["initial_value"] = _broadcast_initial_value(extended, kwargs)
     with extended._device_scope():
-        return next_creator(**kwargs)
+        variable = next_creator(**kwargs)
+    return _tf_private.make_mirrored(extended._container_strategy(), variable, aggregation)
