@@ -12,8 +12,15 @@
   context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
   ONLY_FIRST_REPLICA), so epoch metrics are global. Their initial value is not broadcast
   (metrics start at zero everywhere).
-- Everything else is an ordinary ``tf.Variable`` on this rank: ranks hold identical copies and
-  keep them identical by applying identical (all-reduced) updates.
+- Everything else becomes TensorFlow's MirroredVariable with this rank's variable as the only
+  component (what TensorFlow's MultiWorkerMirroredStrategy makes with one device per worker):
+  ``isinstance(v, tf.distribute.DistributedValues)``, ``v.values``, ``synchronization`` ON_WRITE
+  and ``aggregation`` read as there, and checkpoints hold the plain variable. Ranks keep identical
+  copies by applying identical updates: in a replica context (inside ``strategy.run``),
+  ``assign`` / ``assign_add`` / ``assign_sub`` of a variable with aggregation SUM apply the sum
+  over replicas of the values given, MEAN their mean, ONLY_FIRST_REPLICA replica 0's (TensorFlow's
+  own MirroredVariable code, through ``extended.reduce_to`` / ``broadcast_to``); with NONE each
+  rank updates its own copy, as TensorFlow does.
 """
 from __future__ import annotations
 
