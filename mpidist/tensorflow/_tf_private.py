@@ -9,6 +9,9 @@ Optional symbols (a faster path only) fall back silently.
 Required:
 - ``distribute_lib.UpdateContext``: the cross-replica update context (``extended.update``) that
   tells distributed variables which replica's component to update.
+- ``values.MirroredVariable``: what variables created in the scope become (one component, this
+  rank's variable), as under TensorFlow's MultiWorkerMirroredStrategy; replica-context updates
+  are aggregated by its own code through ``extended.reduce_to`` / ``broadcast_to``.
 - ``values.SyncOnReadVariable``: the variable kind Keras metrics are made of under a strategy;
   reads in cross-replica context aggregate over replicas (global epoch metrics). mpidist uses a
   subclass whose cross-replica ``assign`` (``metric.reset_state()``) returns the aggregate without
@@ -141,10 +144,23 @@ def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
     return _SyncOnReadVariable(strategy, [variable], aggregation)
 
 
+class _MirroredVariable(MirroredVariable):
+    """TensorFlow's MirroredVariable; a non-trainable integer ONLY_FIRST_REPLICA variable (a step
+    counter: Keras's ``optimizer.iterations``) updated in a replica context is updated on each
+    rank without a collective (every rank counts the same steps): TensorFlow would broadcast
+    replica 0's value, one more collective in every Keras training step."""
+
+    def _update_replica(self, update_fn: Any, value: Any, **kwargs: Any) -> Any:
+        if (self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer
+                and not self.trainable):
+            return update_fn(self._get_on_device_or_primary(), value, **kwargs)
+        return super()._update_replica(update_fn, value, **kwargs)
+
+
 def make_mirrored(strategy: Any, variable: Any, aggregation: Any) -> Any:
     """Wrap this rank's ``variable`` as a MirroredVariable of one component (what TensorFlow's
     MultiWorkerMirroredStrategy makes with one device per worker)."""
-    return MirroredVariable(strategy, [variable], aggregation)
+    return _MirroredVariable(strategy, [variable], aggregation)
 
 
 def is_sync_on_read(value: Any) -> bool:

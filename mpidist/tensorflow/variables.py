@@ -20,7 +20,9 @@
   ``assign`` / ``assign_add`` / ``assign_sub`` of a variable with aggregation SUM apply the sum
   over replicas of the values given, MEAN their mean, ONLY_FIRST_REPLICA replica 0's (TensorFlow's
   own MirroredVariable code, through ``extended.reduce_to`` / ``broadcast_to``); with NONE each
-  rank updates its own copy, as TensorFlow does.
+  rank updates its own copy, as TensorFlow does. One exception saves a collective per Keras
+  step: a non-trainable integer ONLY_FIRST_REPLICA variable (``optimizer.iterations``) is
+  updated on each rank without the broadcast (every rank counts the same steps).
 """
 from __future__ import annotations
 
