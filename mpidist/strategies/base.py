@@ -16,6 +16,7 @@ from ..cross_device import (CommunicationOptions, CrossDeviceOps, MPIAllReduce, 
                             as_reduce_op)
 from ..values import PerReplica, ValueContext
 from . import context
+from .context import hints_and_options
 from .reductions import gather_along_axis, map_local, reduce_along_axis
 
 
@@ -79,21 +80,24 @@ class StrategyExtended:
     def _gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
         return gather_along_axis(self._engine, value, axis, self._options.merge(options), where)
 
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None) -> Any:
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None,
+                  experimental_hints: Any = None) -> Any:
         """Reduce ``value`` across replicas; every rank gets the result (``destinations`` is accepted
         and ignored: one device per rank)."""
         where = f"{type(self._container).__name__}.extended.reduce_to"
         op = as_reduce_op(reduce_op, where)
-        return self._all_reduce(op, value, self._options.merge(as_options(options, where)))
+        return self._all_reduce(op, value, self._options.merge(hints_and_options(options, experimental_hints, where)))
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None) -> list[Any]:
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
+                        experimental_hints: Any = None) -> list[Any]:
         """Reduce several values in one logical collective."""
         where = f"{type(self._container).__name__}.extended.batch_reduce_to"
         op = as_reduce_op(reduce_op, where)
         values = [v for v, _ in value_destination_pairs]
         if not values:
             return []
-        return list(self._all_reduce(op, values, self._options.merge(as_options(options, where))))
+        opts = self._options.merge(hints_and_options(options, experimental_hints, where))
+        return list(self._all_reduce(op, values, opts))
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
@@ -161,7 +165,7 @@ class Strategy:
         number of elements along it)."""
         where = f"{type(self).__name__}.reduce"
         op = as_reduce_op(reduce_op, where)
-        opts = self._extended._options.merge(as_options(options or experimental_hints, where))
+        opts = self._extended._options.merge(hints_and_options(options, experimental_hints, where))
         if axis is None:
             return self._extended._all_reduce(op, value, opts)
         return reduce_along_axis(self._extended._engine, op, value, axis, opts, where)

@@ -36,6 +36,22 @@ def _resolver_comm(cluster_resolver: Any, comm: Any, where: str) -> Any:
     return resolver_comm
 
 
+_resolver_factory: list[Any] = []  # MPIClusterResolver, registered by the public namespace (a higher layer)
+
+
+def register_cluster_resolver(factory: Any) -> None:
+    """Called by ``mpidist.experimental``: what builds MultiWorkerMirroredStrategy's default resolver."""
+    _resolver_factory[:] = [factory]
+
+
+def _default_resolver(cluster_resolver: Any, comm: Any) -> Any:
+    """The resolver given, else an MPIClusterResolver of ``comm`` (collective over ``comm``, as
+    building the strategy is), as TensorFlow's MWMS defaults to a TFConfigClusterResolver."""
+    if cluster_resolver is not None or not _resolver_factory:
+        return cluster_resolver
+    return _resolver_factory[0](comm)
+
+
 def _check_implementation(options: CommunicationOptions, engine: Engine, where: str) -> None:
     """NCCL asked for where some rank cannot use it: the same clear error on every rank (collective)."""
     if options.implementation is not CommunicationImplementation.NCCL:
@@ -64,9 +80,10 @@ class _Dispatching(Strategy):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if backends.tensorflow_loaded():
-            engine, options, cross_ops, _, extra = cls._setup(*args, **kwargs)
+            engine, options, cross_ops, resolver, extra = cls._setup(*args, **kwargs)
             _bind_gpu(engine)
-            return backends.make_tf_strategy(cls._kind, engine, options, cross_device_ops=cross_ops, **extra)
+            return backends.make_tf_strategy(cls._kind, engine, options, cross_device_ops=cross_ops,
+                                             cluster_resolver=resolver, **extra)
         return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -98,7 +115,7 @@ class MultiWorkerMirroredStrategy(_Dispatching):
             options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication)
         engine = Engine(comm)
         _check_implementation(options, engine, where)
-        return engine, options, MPIAllReduce(), cluster_resolver, {}
+        return engine, options, MPIAllReduce(), _default_resolver(cluster_resolver, comm), {}
 
 
 class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):

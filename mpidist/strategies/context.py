@@ -96,6 +96,12 @@ def experimental_set_strategy(strategy: Any) -> None:
         _global_default.append(strategy)
 
 
+def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:
+    """``experimental_hints`` (CollectiveHints, TensorFlow 2.2-2.4's keyword) with ``options``'
+    non-default fields over it, as one CommunicationOptions."""
+    return as_options(experimental_hints, where).merge(as_options(options, where))
+
+
 def get_loss_reduction() -> ReduceOp:
     """The ReduceOp matching the loss reduction: MEAN (losses are averaged over the global batch)."""
     return ReduceOp.MEAN
@@ -128,13 +134,14 @@ class ReplicaContext:
         """Reduce a nest across replicas in one logical collective."""
         where = "ReplicaContext.all_reduce"
         op = as_reduce_op(reduce_op, where)
-        opts = self._strategy.extended._options.merge(as_options(options or experimental_hints, where))
+        opts = self._strategy.extended._options.merge(hints_and_options(options, experimental_hints, where))
         return self._strategy.extended._all_reduce(op, value, opts)
 
-    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
+    def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""
-        return self._strategy.extended._gather(value, axis, as_options(options, "ReplicaContext.all_gather"),
-                                               "ReplicaContext.all_gather")
+        where = "ReplicaContext.all_gather"
+        return self._strategy.extended._gather(value, axis, hints_and_options(options, experimental_hints, where),
+                                               where)
 
     def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in the cross-replica context."""

@@ -9,6 +9,9 @@ Optional symbols (a faster path only) fall back silently.
 Required:
 - ``distribute_lib.UpdateContext``: the cross-replica update context (``extended.update``) that
   tells distributed variables which replica's component to update.
+- ``values.MirroredVariable``: what variables created in the scope become (one component, this
+  rank's variable), as under TensorFlow's MultiWorkerMirroredStrategy; replica-context updates
+  are aggregated by its own code through ``extended.reduce_to`` / ``broadcast_to``.
 - ``values.SyncOnReadVariable``: the variable kind Keras metrics are made of under a strategy;
   reads in cross-replica context aggregate over replicas (global epoch metrics). mpidist uses a
   subclass whose cross-replica ``assign`` (``metric.reset_state()``) returns the aggregate without
@@ -28,7 +31,7 @@ Required:
   dataset reads and count them before sharding by file.
 
 Optional:
-- ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets
+- ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets eager
   collectives skip the custom-gradient wrapper when nothing can differentiate through them.
 - ``ops.script_ops._py_funcs`` and ``ops.gen_script_ops.py_func``: the registry and the op behind
   ``tf.numpy_function``. Registering the collective's function directly skips the AutoGraph
@@ -67,6 +70,7 @@ REQUIRED = (  # module, symbol
     (_TF + "distribute.distribute_lib", "UpdateContext"),
     (_TF + "distribute.distribute_lib", "get_update_replica_id"),
     (_TF + "distribute.values", "SyncOnReadVariable"),
+    (_TF + "distribute.values", "MirroredVariable"),
     (_TF + "distribute.values_util", "is_saving_non_distributed"),
     (_TF + "ops.control_flow_util", "GraphOrParentsInXlaContext"),
     (_TF + "trackable.base", "CheckpointInitialValue"),
@@ -83,7 +87,7 @@ OPTIONAL = (
     (_TF + "ops.gen_script_ops", "py_func"),
 )
 
-(UpdateContext, _get_update_replica_id, SyncOnReadVariable, _is_saving_non_distributed, _graph_in_xla,
+(UpdateContext, _get_update_replica_id, SyncOnReadVariable, MirroredVariable, _is_saving_non_distributed, _graph_in_xla,
  CheckpointInitialValue, CheckpointInitialValueCallable, CompositeTensor, _AutoShardDataset) = \
     [_require(m, n) for m, n in REQUIRED]
 for _cls, _method in REQUIRED_METHODS:
@@ -102,8 +106,10 @@ def in_xla_context() -> bool:
 
 
 def may_record_gradients() -> bool:
-    """False only when no gradient tape can be recording (then no custom gradient is needed)."""
-    if _could_possibly_record is None:
+    """False only when nothing can differentiate through an op made now: eagerly, with no
+    gradient tape recording. While tracing a graph it is True: ``tf.gradients`` differentiates
+    graphs without a tape (the custom gradient then costs only an IdentityN op)."""
+    if _could_possibly_record is None or not tf.executing_eagerly():
         return True
     return bool(_could_possibly_record())
 
@@ -136,6 +142,25 @@ class _SyncOnReadVariable(SyncOnReadVariable):
 def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
     """Wrap this rank's ``variable`` as a SyncOnReadVariable of one component."""
     return _SyncOnReadVariable(strategy, [variable], aggregation)
+
+
+class _MirroredVariable(MirroredVariable):
+    """TensorFlow's MirroredVariable; a non-trainable integer ONLY_FIRST_REPLICA variable (a step
+    counter: Keras's ``optimizer.iterations``) updated in a replica context is updated on each
+    rank without a collective (every rank counts the same steps): TensorFlow would broadcast
+    replica 0's value, one more collective in every Keras training step."""
+
+    def _update_replica(self, update_fn: Any, value: Any, **kwargs: Any) -> Any:
+        if (self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer
+                and not self.trainable):
+            return update_fn(self._get_on_device_or_primary(), value, **kwargs)
+        return super()._update_replica(update_fn, value, **kwargs)
+
+
+def make_mirrored(strategy: Any, variable: Any, aggregation: Any) -> Any:
+    """Wrap this rank's ``variable`` as a MirroredVariable of one component (what TensorFlow's
+    MultiWorkerMirroredStrategy makes with one device per worker)."""
+    return _MirroredVariable(strategy, [variable], aggregation)
 
 
 def is_sync_on_read(value: Any) -> bool:

@@ -33,7 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
-from . import _tf_private, gpu_bridge
+from .._config import rc
+from . import _tf_private, deadline_op, gpu_bridge
 
 
 class XlaCollectiveError(tf.errors.UnimplementedError):
@@ -107,9 +108,14 @@ def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensor
     def func(*arrays: np.ndarray) -> list[np.ndarray]:
         return run(list(arrays))
 
+    timed = options.timeout_seconds is not None or rc.timeout_seconds is not None
+    if timed:  # a deadline must reach the program as tf.errors.DeadlineExceededError (deadline_op.py)
+        func = deadline_op.reporting(func)
     token = ordering_token()
     with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))]):
-        outs = _tf_private.numpy_op(func, wire, [t.dtype for t in wire], name)
+        outs = _tf_private.numpy_op(func, wire, [t.dtype for t in wire] + ([tf.bool] if timed else []), name)
+    if timed:
+        outs = deadline_op.raise_if_late(outs[-1], outs[:-1], name)
     with tf.control_dependencies(outs):  # the next collective's first write waits for this one
         tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))
     for out, t in zip(outs, wire):

@@ -31,8 +31,10 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     """The implementation behind an mpidist ``tf.distribute.Strategy``."""
 
     def __init__(self, container_strategy: tf.distribute.Strategy, engine: Any, options: CommunicationOptions,
-                 device: str, scope_device: str | None, central_storage: bool = False) -> None:
+                 device: str, scope_device: str | None, central_storage: bool = False,
+                 cluster_resolver: Any = None) -> None:
         super().__init__(container_strategy)
+        self._cluster_resolver = cluster_resolver  # what Strategy.cluster_resolver returns
         self._engine = engine
         self._rank: int = engine.rank
         self._options = options
@@ -173,17 +175,21 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     # -- collectives in cross-replica context -------------------------------------------------------
 
     @_no_autograph
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None,
+                  experimental_hints: Any = None) -> Any:
         """Reduce ``value`` over all ranks (any ReduceOp spelling, MIN/MAX/PROD too); every rank
         gets the result (one replica per rank: ``destinations`` only names this rank's device)."""
         where = f"{type(self).__name__}.reduce_to"
+        options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
         return self._reduce_nest(reductions.parse_op(reduce_op, where), value, None, options, where)
 
     @_no_autograph
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None) -> list[Any]:
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
+                        experimental_hints: Any = None) -> list[Any]:
         """``reduce_to`` of every value, in ONE engine call."""
         where = f"{type(self).__name__}.batch_reduce_to"
+        options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
         values = [v for v, _ in value_destination_pairs]
         return list(self._reduce_nest(reductions.parse_op(reduce_op, where), values, None, options, where))

@@ -107,3 +107,13 @@ def merge_options(base: CommunicationOptions, override: Any, where: str) -> Call
     """``override`` (ours or TensorFlow's CommunicationOptions, or None) merged over ``base``."""
     merged = base if override is None else base.merge(as_options(override, where))
     return CallOptions(merged.bytes_per_pack or None, merged.timeout_seconds, merged.implementation.value.lower())
+
+
+def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:
+    """One options object from ``options`` (CommunicationOptions) and ``experimental_hints``
+    (CollectiveHints, the TensorFlow 2.2-2.4 keyword): the hints' fields under the options'
+    non-default ones (ours or TensorFlow's objects; None when neither is given)."""
+    if experimental_hints is None:
+        return options
+    hints = as_options(experimental_hints, where)
+    return hints if options is None else hints.merge(as_options(options, where))

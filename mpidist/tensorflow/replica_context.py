@@ -35,9 +35,12 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         return tuple(self._strategy.extended.worker_devices)
 
     @_no_autograph
-    def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+    def all_reduce(self, reduce_op: Any, value: Any, options: Any = None, experimental_hints: Any = None) -> Any:
+        """``experimental_hints`` (a CollectiveHints: TensorFlow 2.2-2.3's spelling) is merged under
+        ``options`` (the newer one): both reach the engine."""
         where = "MPIReplicaContext.all_reduce"
         op = reductions.parse_op(reduce_op, where)
+        options = reductions.hints_and_options(options, experimental_hints, where)
         extended = self._strategy.extended
         call = extended._call_options(options, where)
         flat = tf.nest.flatten(value)
@@ -86,15 +89,16 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         return out
 
     @_no_autograph
-    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
+    def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         where = "MPIReplicaContext.all_gather"
+        options = reductions.hints_and_options(options, experimental_hints, where)
         extended = self._strategy.extended
         call = extended._call_options(options, where)
         flat = tf.nest.flatten(value)
         for v in flat:
             if isinstance(v, tf.IndexedSlices):
-                raise NotImplementedError(f"{where}: `value` holds a tf.IndexedSlices, which all_gather "
-                                          f"does not support (TensorFlow's does not either)")
+                raise NotImplementedError(f"{where}: all_gather does not support IndexedSlices "
+                                          f"(`value` holds a tf.IndexedSlices; TensorFlow's does not either)")
         flat = [tf.convert_to_tensor(v) for v in flat]
         parsed = reductions.parse_axis(axis, where)
         if parsed is None or isinstance(parsed, tuple):

@@ -36,11 +36,11 @@ class MPIStrategy(tf.distribute.Strategy):
     """A ``tf.distribute.Strategy`` whose replicas are the ranks of an mpidist engine."""
 
     def __init__(self, kind: str, engine: Any, options: CommunicationOptions, device: str,
-                 scope_device: str | None = None) -> None:
+                 scope_device: str | None = None, cluster_resolver: Any = None) -> None:
         self._kind = kind
         self._engine_ref = engine
         extended = MPIExtended(self, engine, options, device, scope_device,
-                               central_storage=kind == "CentralStorageStrategy")
+                               central_storage=kind == "CentralStorageStrategy", cluster_resolver=cluster_resolver)
         super().__init__(extended)
 
     @property
@@ -60,14 +60,34 @@ class MPIStrategy(tf.distribute.Strategy):
                                f"tf.distribute.get_replica_context().{instead} there")
 
     @_no_autograph
-    def reduce(self, reduce_op: Any, value: Any, axis: Any = None) -> Any:
+    def reduce(self, reduce_op: Any, value: Any, axis: Any = None, experimental_hints: Any = None,
+               options: Any = None) -> Any:
         """Reduce ``value`` (a tensor or a nest of them) over all replicas; with ``axis``, also
-        along it. MEAN with ``axis`` divides by the global number of elements along ``axis``."""
+        along it. MEAN with ``axis`` divides by the global number of elements along ``axis``.
+        ``experimental_hints`` (CollectiveHints) / ``options`` (CommunicationOptions): this
+        call's ``bytes_per_pack`` and ``timeout_seconds`` (a deadline raises
+        ``tf.errors.DeadlineExceededError``, eagerly and inside a ``tf.function``)."""
         where = f"{type(self).__name__}.reduce"
         op = reductions.parse_op(reduce_op, where)
         axis = reductions.parse_axis(axis, where)
+        options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where, "all_reduce(...)")
-        return self.extended._reduce_nest(op, value, axis, None, where)
+        return self.extended._reduce_nest(op, value, axis, options, where)
+
+    def experimental_run_v2(self, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
+        """TensorFlow 2.0-2.1's name of ``run``."""
+        return self.run(fn, args=args, kwargs=kwargs, options=options)
+
+    def experimental_distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        """TensorFlow 2.1-2.3's name of ``distribute_datasets_from_function``."""
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver given to the constructor, else an ``MPIClusterResolver`` of the
+        strategy's communicator (MultiWorkerMirroredStrategy); None for the other kinds, as in
+        TensorFlow."""
+        return self.extended._cluster_resolver
 
     @_no_autograph
     def gather(self, value: Any, axis: Any) -> Any:
@@ -78,7 +98,8 @@ class MPIStrategy(tf.distribute.Strategy):
             raise TypeError(f"{where}: `axis` must be an int, got {axis!r}")
         self._require_cross_replica(where, "all_gather(...)")
         if isinstance(value, tf.IndexedSlices):
-            raise NotImplementedError(f"{where}: `value` is a tf.IndexedSlices, which gather does not support")
+            raise NotImplementedError(f"{where}: gather does not support IndexedSlices (`value` is a "
+                                      f"tf.IndexedSlices; TensorFlow's does not either)")
         ext = self.extended
         flat = [tf.convert_to_tensor(ext._local_value(v)) for v in tf.nest.flatten(value)]
         axes = [reductions.normalize_axis(parsed, t.shape.rank, where) for t in flat]
@@ -96,7 +117,8 @@ class MPIStrategy(tf.distribute.Strategy):
 
     def __deepcopy__(self, memo: dict) -> "MPIStrategy":
         ext = self.extended
-        copy = type(self)(self._kind, self._engine_ref, ext._options, ext._device, ext._scope_device)
+        copy = type(self)(self._kind, self._engine_ref, ext._options, ext._device, ext._scope_device,
+                          ext._cluster_resolver)
         if ext._cross_device_ops is not None:
             copy.extended.use_cross_device_ops(ext._cross_device_ops)
         memo[id(self)] = copy
@@ -105,6 +127,17 @@ class MPIStrategy(tf.distribute.Strategy):
     def __repr__(self) -> str:
         return (f"<mpidist {self._kind}: replica {self.extended._rank} of {self.num_replicas_in_sync}, "
                 f"device {self.extended._device}>")
+
+
+def _canonical(name: str) -> str:
+    """A full device name, as TensorFlow reports a variable's ``backing_device``
+    ("/device:CPU:0" -> "/job:localhost/replica:0/task:0/device:CPU:0")."""
+    spec = tf.DeviceSpec.from_string(name)
+    spec = spec.replace(job=spec.job or "localhost", replica=0 if spec.replica is None else spec.replica,
+                        task=0 if spec.task is None else spec.task)
+    if spec.device_type is None:
+        spec = spec.replace(device_type="CPU", device_index=0)
+    return spec.replace(device_index=spec.device_index or 0).to_string()
 
 
 def _resolve_device(kind: str, engine: Any, devices: Any, where: str) -> tuple[str, str | None]:
@@ -117,17 +150,17 @@ def _resolve_device(kind: str, engine: Any, devices: Any, where: str) -> tuple[s
         if not all(isinstance(d, str) for d in devices):
             raise TypeError(f"{where}: `devices` must be device names (strings), got {devices!r}")
         chosen = tf.DeviceSpec.from_string(devices[local_rank % len(devices)])
-        return chosen.to_string(), chosen.to_string()
+        return _canonical(chosen.to_string()), chosen.to_string()
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         name = gpus[local_rank % len(gpus)].name
-        return name, name
+        return _canonical(name), name
     cpus = tf.config.list_logical_devices("CPU")
-    return (cpus[0].name if cpus else "/job:localhost/replica:0/task:0/device:CPU:0"), None
+    return _canonical(cpus[0].name if cpus else "/device:CPU:0"), None
 
 
 def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
-                  cross_device_ops: Any = None) -> MPIStrategy:
+                  cross_device_ops: Any = None, cluster_resolver: Any = None) -> MPIStrategy:
     """A genuine ``tf.distribute.Strategy`` with one replica per rank of ``engine``.
 
     kind: "MultiWorkerMirroredStrategy" | "MirroredStrategy" | "OneDeviceStrategy" |
@@ -136,6 +169,8 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     engine call). devices: device names; rank with node-local rank i uses devices[i % len].
     cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
     ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
+    cluster_resolver: what ``strategy.cluster_resolver`` returns (MultiWorkerMirroredStrategy:
+    the one its constructor got, else an MPIClusterResolver; None for the other kinds).
     """
     where = "make_strategy"
     if kind not in KINDS:
@@ -156,7 +191,7 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
                          f"none on this rank; use AUTO or RING")
     gpu_bridge.prepare()  # GPU hook (issue 8): memory growth before TensorFlow initializes its GPUs
     device, scope_device = _resolve_device(kind, engine, devices, where)
-    strategy = MPIStrategy(kind, engine, options, device, scope_device)
+    strategy = MPIStrategy(kind, engine, options, device, scope_device, cluster_resolver)
     if cross_device_ops is not None:
         strategy.extended.use_cross_device_ops(cross_device_ops)
     _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)

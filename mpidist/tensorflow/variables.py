@@ -2,17 +2,27 @@
 
 - Variables start equal on every rank: the initial value is computed on every rank and rank 0's
   is broadcast through the engine (one broadcast per variable, in creation order, which is the
-  same on every rank since every rank builds the same model). Exceptions, whose initial values
-  are equal everywhere by construction and which some programs create on one rank only (e.g.
-  ``tf.train.Checkpoint``'s ``save_counter`` on the chief): values restored from a checkpoint,
-  and non-trainable integer or bool variables (step counters, seeds, ``iterations``).
+  same on every rank since every rank builds the same model), whatever its dtype (float,
+  integer, bool), as TensorFlow's MultiWorkerMirroredStrategy does. Exceptions, whose initial
+  values are equal everywhere by construction and which some programs create on one rank only:
+  values restored from a checkpoint, and ``tf.train.Checkpoint``'s ``save_counter`` (created by
+  the first ``save``, which programs may call on the chief alone).
 - ``synchronization=ON_READ`` variables (what Keras metrics are made of) become TensorFlow's
   SyncOnReadVariable with this rank's variable as the only component: updates in a replica
   context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
   ONLY_FIRST_REPLICA), so epoch metrics are global. Their initial value is not broadcast
   (metrics start at zero everywhere).
-- Everything else is an ordinary ``tf.Variable`` on this rank: ranks hold identical copies and
-  keep them identical by applying identical (all-reduced) updates.
+- Everything else becomes TensorFlow's MirroredVariable with this rank's variable as the only
+  component (what TensorFlow's MultiWorkerMirroredStrategy makes with one device per worker):
+  ``isinstance(v, tf.distribute.DistributedValues)``, ``v.values``, ``synchronization`` ON_WRITE
+  and ``aggregation`` read as there, and checkpoints hold the plain variable. Ranks keep identical
+  copies by applying identical updates: in a replica context (inside ``strategy.run``),
+  ``assign`` / ``assign_add`` / ``assign_sub`` of a variable with aggregation SUM apply the sum
+  over replicas of the values given, MEAN their mean, ONLY_FIRST_REPLICA replica 0's (TensorFlow's
+  own MirroredVariable code, through ``extended.reduce_to`` / ``broadcast_to``); with NONE each
+  rank updates its own copy, as TensorFlow does. One exception saves a collective per Keras
+  step: a non-trainable integer ONLY_FIRST_REPLICA variable (``optimizer.iterations``) is
+  updated on each rank without the broadcast (every rank counts the same steps).
 """
 from __future__ import annotations
 
@@ -24,14 +34,15 @@ import tensorflow as tf
 from . import _tf_private, collectives
 
 _log = logging.getLogger("mpidist")
+_SAVE_COUNTER = "save_counter"  # the variable tf.train.Checkpoint creates on its first save
 
 
 def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any) -> Any:
     value = tf.convert_to_tensor(value, dtype=dtype)
     if not (value.dtype.is_bool or value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex):
         return value
-    if not trainable and (value.dtype.is_integer or value.dtype.is_bool):
-        return value  # counters and seeds: equal by construction, sometimes created on one rank only
+    if not trainable and name == _SAVE_COUNTER and value.dtype.is_integer:
+        return value  # tf.train.Checkpoint's counter (0): programs may save on the chief only
     _log.debug("mpidist: broadcasting the initial value of variable %s from rank 0", name)
     return collectives.broadcast(extended._engine, [value], 0, extended._default_call,
                                  "variable creation (broadcast of rank 0's initial value)")[0]
@@ -61,7 +72,9 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
         with extended._device_scope():
             variable = next_creator(**kwargs)
         return _tf_private.make_sync_on_read(extended._container_strategy(), variable, aggregation)
+    kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE  # what TensorFlow reports for AUTO
     if extended._engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
         kwargs["initial_value"] = _broadcast_initial_value(extended, kwargs)
     with extended._device_scope():
-        return next_creator(**kwargs)
+        variable = next_creator(**kwargs)
+    return _tf_private.make_mirrored(extended._container_strategy(), variable, aggregation)
