@@ -25,7 +25,7 @@ def test_unknown_environment_name_is_rejected():
     ({"MPIDIST_ALGORITHM": "ring"}, "`MPIDIST_ALGORITHM` must be one of auto, flat, hierarchical, got 'ring'"),
     ({"MPIDIST_BYTES_PER_PACK": "-1"}, "`MPIDIST_BYTES_PER_PACK` must be an integer >= 0, got '-1'"),
     ({"MPIDIST_CHECK_AGREEMENT": "maybe"}, "`MPIDIST_CHECK_AGREEMENT` must be a boolean"),
-    ({"MPIDIST_TIMEOUT_SECONDS": "-3"}, "`MPIDIST_TIMEOUT_SECONDS` must be None or seconds > 0, got '-3'"),
+    ({"MPIDIST_TIMEOUT_SECONDS": "-3"}, "`MPIDIST_TIMEOUT_SECONDS` must be None, 0 (no deadline) or seconds > 0, got '-3'"),
 ])
 def test_bad_environment_values(env, message):
     with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
@@ -52,3 +52,22 @@ def test_override_restores_even_on_error():
             raise RuntimeError
     assert rc.as_dict() == before
     assert set(Settings.describe()) == set(before)
+
+
+@pytest.mark.parametrize("zero", [0, 0.0, "0", "none", "", None])
+def test_timeout_zero_and_none_mean_no_deadline(zero):
+    """rc is the last default, so None and 0 both mean no deadline, in code as in the environment."""
+    assert Settings({"MPIDIST_TIMEOUT_SECONDS": str(zero) if zero is not None else "none"}).timeout_seconds is None
+    s = Settings({})
+    s.timeout_seconds = 5
+    s.timeout_seconds = zero
+    assert s.timeout_seconds is None
+
+
+def test_numpy_integers_are_integers_everywhere():
+    np = pytest.importorskip("numpy")
+    s = Settings({})
+    s.bytes_per_pack = np.int64(4096)
+    assert s.bytes_per_pack == 4096 and type(s.bytes_per_pack) is int
+    with pytest.raises(ValueError, match="`bytes_per_pack` must be an integer >= 0, got 1.5"):
+        s.bytes_per_pack = 1.5
