@@ -13,6 +13,7 @@ the agreement key and the collective modules use.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,19 @@ from ..validation import (NO_DEADLINE, check_bytes_per_pack, check_choice, check
                           check_timeout)
 
 ALGORITHMS = ("auto", "flat", "hierarchical")
-IMPLEMENTATIONS = ("auto", "ring", "nccl")
+
+
+class CommunicationImplementation(enum.Enum):
+    """``tf.distribute.experimental.CommunicationImplementation``: AUTO, RING (MPI only) or NCCL
+    (for device buffers). Defined here, at the bottom, and re-exported by mpidist.cross_device;
+    :class:`CallOptions` and the GPU path carry it as its lower-case name (:data:`IMPLEMENTATIONS`)."""
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+IMPLEMENTATIONS = tuple(m.name.lower() for m in CommunicationImplementation)  # "auto", "ring", "nccl"
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,10 @@ options' value), 0 = no deadline (TensorFlow's "no timeout"; it wins over ``rc.t
 """
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from ..collectives.options import IMPLEMENTATIONS, CallOptions
+from ..collectives.options import IMPLEMENTATIONS, CallOptions, CommunicationImplementation
 from ..validation import check_bytes_per_pack, check_choice, check_timeout
-
-
-class CommunicationImplementation(enum.Enum):
-    AUTO = "AUTO"
-    RING = "RING"
-    NCCL = "NCCL"
 
 
 CollectiveCommunication = CommunicationImplementation
