@@ -24,7 +24,6 @@ from typing import Any, Callable
 from mpi4py import MPI
 
 from ..errors import deadline_exceeded
-from ..validation import check_timeout  # noqa: F401  (the check lives in mpidist/validation.py)
 
 _log = logging.getLogger("mpidist")
 _abandoned: list[tuple[MPI.Request, tuple, str]] = []
