@@ -28,11 +28,15 @@ NO_DEADLINE = 0.0  # what check_timeout returns for "no deadline, whatever the d
 
 def is_integer(value: Any) -> bool:
     """Whether ``value`` is an integer (Python or NumPy), not a bool."""
+    if type(value) is int:  # the common case, without the ABC check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
 def is_number(value: Any) -> bool:
     """Whether ``value`` is a real number (Python or NumPy), not a bool."""
+    if type(value) is float or type(value) is int:  # the common cases, without the ABC check
+        return True
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
@@ -112,6 +116,8 @@ def check_flag(value: Any, where: str, name: str) -> bool:
 
 def check_rank(value: Any, where: str, name: str, size: int) -> int:
     """A rank of a communicator of ``size`` ranks, as a Python int."""
+    if type(value) is int and 0 <= value < size:
+        return value
     if not is_integer(value) or not 0 <= value < size:
         raise ValueError(f"{where}: `{name}` must be a rank in [0, {size}), got {value!r}")
     return int(value)

@@ -178,41 +178,47 @@ class Engine:
         if plain or (options is None and bytes_per_pack is None and num_packs is None and algorithm is None
                      and timeout_seconds is None):
             return Resolved.defaults()  # the hot path
-        if options is not None and not isinstance(options, CallOptions):
+        if options is None:
+            return Resolved.from_arguments(where, bytes_per_pack, num_packs, algorithm, timeout_seconds)
+        if not isinstance(options, CallOptions):
             raise TypeError(f"{where}: `options` must be a CallOptions or None, got {type(options).__name__}")
         given = CallOptions.checked(where, bytes_per_pack=bytes_per_pack, num_packs=num_packs, algorithm=algorithm,
                                     timeout_seconds=timeout_seconds)
-        return (options.merged(given) if options is not None else given).resolve()
+        return options.merged(given).resolve()
 
     def _run(self, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:
         pipeline = self.pipeline
-        if pipeline.monitor is None:
-            return self._collective(pipeline, where, value, op_root, params, options)
-        with pipeline.watched(where):
-            return self._collective(pipeline, where, value, op_root, params, options)
+        monitor = pipeline.monitor
+        if monitor is None:
+            return _collective(pipeline, where, value, op_root, params, options)
+        monitor.enter(where)  # pipeline.watched(where), without a generator on the hot path
+        try:
+            return _collective(pipeline, where, value, op_root, params, options)
+        finally:
+            monitor.leave()
 
-    @staticmethod
-    def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, params: dict,
-                    options: Resolved) -> Any:
-        if pipeline.broken is not None:
-            pipeline.check_usable(where)
-        module = _MODULES[where]
-        rec = timeline.recorder()
-        start = rec.now() if rec is not None else 0.0
-        if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
-            leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
-        else:
-            leaves, tree = nest.flatten(value)
-            if gpu.any_device(leaves):  # nests holding device arrays run in collectives/gpu
-                return gpu.collective(pipeline, where, module, leaves, tree, op_root, params, options,
-                                      rec=rec, start=start)
-            host_arrays, adapters = arrays.to_host_all(leaves, where)
-        if module.validate is not None:
-            module.validate(host_arrays, where)
-        results = pipeline.execute(where, module, host_arrays, tree, op_root, options,
-                                   lambda call: module.run(call, host_arrays, **params), rec=rec, start=start)
-        if results is None:
-            return None
-        if adapters is None:
-            return results[0]
-        return nest.unflatten(tree, arrays.from_host_all(results, adapters, leaves))
+
+def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:
+    """One collective through ``pipeline`` (the steps of the module docstring); device arrays go to gpu."""
+    if pipeline.broken is not None:
+        pipeline.check_usable(where)
+    module = _MODULES[where]
+    rec = timeline.recorder()
+    start = rec.now() if rec is not None else 0.0
+    if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
+        leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
+    else:
+        leaves, tree = nest.flatten(value)
+        if gpu.any_device(leaves):  # nests holding device arrays run in collectives/gpu
+            return gpu.collective(pipeline, where, module, leaves, tree, op_root, params, options,
+                                  rec=rec, start=start)
+        host_arrays, adapters = arrays.to_host_all(leaves, where)
+    if module.validate is not None:
+        module.validate(host_arrays, where)
+    results = pipeline.execute(where, module, host_arrays, tree, op_root, options,
+                               lambda call: module.run(call, host_arrays, **params), rec=rec, start=start)
+    if results is None:
+        return None
+    if adapters is None:
+        return results[0]
+    return nest.unflatten(tree, arrays.from_host_all(results, adapters, leaves))

@@ -56,17 +56,18 @@ class CallOptions:
     def __post_init__(self) -> None:
         checked = _checked("CallOptions", self.bytes_per_pack, self.num_packs, self.algorithm,
                            self.timeout_seconds, self.implementation)
-        for name, value in zip(("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation"),
-                               checked):
+        for name, value in zip(_FIELDS, checked):
             object.__setattr__(self, name, value)
 
     @classmethod
     def checked(cls, where: str, *, bytes_per_pack: Any = None, num_packs: Any = None, algorithm: Any = None,
                 timeout_seconds: Any = None, implementation: Any = "auto") -> "CallOptions":
         """CallOptions from loose arguments, errors naming ``where`` (e.g. "allreduce")."""
-        bpp, npk, alg, timeout, impl = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds,
-                                                implementation)
-        return cls(bpp, timeout, impl, npk, alg)
+        checked = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, implementation)
+        made = cls.__new__(cls)  # checked already: skip __post_init__'s second check
+        for name, value in zip(_FIELDS, checked):
+            object.__setattr__(made, name, value)
+        return made
 
     def merged(self, over: "CallOptions | None") -> "CallOptions":
         """``over``'s fields that are set, over this one's."""
@@ -101,16 +102,21 @@ class CallOptions:
                         None if timeout == NO_DEADLINE else timeout, self.implementation)
 
 
+_FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation")  # _checked's order
+
+
 def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, timeout_seconds: Any,
              implementation: Any) -> tuple:
-    bpp = check_bytes_per_pack(bytes_per_pack, where, optional=True)
-    npk = check_num_packs(num_packs, where, optional=True)
+    # (None and "auto" are the common values: skip the calls for them)
+    bpp = None if bytes_per_pack is None else check_bytes_per_pack(bytes_per_pack, where)
+    npk = None if num_packs is None else check_num_packs(num_packs, where)
     if bpp and npk is not None:
         raise ValueError(f"{where}: give `bytes_per_pack` or `num_packs`, not both "
                          f"(got {bytes_per_pack!r} and {num_packs!r})")
     alg = None if algorithm is None else check_choice(algorithm, where, "algorithm", ALGORITHMS)
-    impl = check_choice(implementation, where, "implementation", IMPLEMENTATIONS, upper=True)
-    return bpp, npk, alg, check_timeout(timeout_seconds, where), impl
+    impl = "auto" if implementation == "auto" else \
+        check_choice(implementation, where, "implementation", IMPLEMENTATIONS, upper=True)
+    return bpp, npk, alg, None if timeout_seconds is None else check_timeout(timeout_seconds, where), impl
 
 
 class Resolved:
@@ -125,9 +131,26 @@ class Resolved:
 
     @staticmethod
     def defaults() -> "Resolved":
-        """rc's defaults (the hot path: no per-call options)."""
-        return Resolved(rc.bytes_per_pack, None, rc.algorithm, rc.timeout_seconds)
+        """rc's defaults (the hot path: no per-call options); shared, rebuilt when rc changes."""
+        cached = _defaults[0]
+        if cached is None or _defaults[1] != rc.generation:
+            cached = _defaults[0] = Resolved(rc.bytes_per_pack, None, rc.algorithm, rc.timeout_seconds)
+            _defaults[1] = rc.generation
+        return cached
+
+    @staticmethod
+    def from_arguments(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any,
+                       timeout_seconds: Any) -> "Resolved":
+        """The engine's keyword arguments, checked and resolved (no CallOptions in between)."""
+        bpp, npk, alg, timeout, _ = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, "auto")
+        if timeout is None:
+            timeout = rc.timeout_seconds
+        return Resolved(rc.bytes_per_pack if bpp is None else bpp, npk, rc.algorithm if alg is None else alg,
+                        None if timeout == NO_DEADLINE else timeout)
 
     def __repr__(self) -> str:
         return (f"Resolved(bytes_per_pack={self.bytes_per_pack}, num_packs={self.num_packs}, "
                 f"algorithm={self.algorithm!r}, timeout={self.timeout}, implementation={self.implementation!r})")
+
+
+_defaults: list[Any] = [None, -1]  # (Resolved of rc's defaults, rc.generation it was built at)

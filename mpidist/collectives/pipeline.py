@@ -134,7 +134,7 @@ class Pipeline:
         (the GPU path's implementation); ``rec``/``start``: the timeline recorder and the
         collective's start mark, when recording.
         """
-        call = self.caller(where, options.timeout)
+        call = Caller(where, options.timeout, self.mark_broken)
         ctx = Call(where, self.topology, call, options)
         prepared = agreed = None  # timeline marks: end of prepare, end of agreement
         if rc.check_agreement:

@@ -113,7 +113,7 @@ def test_call_options_object_and_keywords_mean_the_same(engine):
         assert engine.allgather(values[0], **kwargs).shape == (5 * engine.size,)
     with pytest.raises(TypeError, match="allreduce: `options` must be a CallOptions or None, got dict"):
         engine.allreduce(values, options={"bytes_per_pack": 16})
-    with pytest.raises(ValueError, match="broadcast: `num_packs` must be an integer >= 0 or None, got -1"):
+    with pytest.raises(ValueError, match="broadcast: `num_packs` must be an integer >= 0, got -1"):
         engine.broadcast(values, num_packs=-1)
     with pytest.raises(ValueError, match="reduce: `root` must be a rank in \\[0, .*\\), got True"):
         engine.reduce(values, root=True)
