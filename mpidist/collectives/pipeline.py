@@ -195,7 +195,7 @@ class Pipeline:
         self.mark_broken(reason)
         self.fast.clear()
         if self.monitor is not None:
-            self.monitor.close()
+            self.monitor.close(free=free)
             self.monitor = None
         for extension in self.extensions.values():
             if hasattr(extension, "close"):

@@ -71,6 +71,7 @@ class Monitor:
                 "site": call_site(threading.main_thread().ident)}
 
     def serve(self) -> None:
+        """Answer other ranks' queries about where this rank is (the monitor thread calls this)."""
         self._sends = [req for req in self._sends if not req.Test()]
         while True:
             done, msg = self._recv.test()
@@ -80,6 +81,7 @@ class Monitor:
             self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
 
     def watch(self) -> None:
+        """Report, or abort, when this rank has waited too long in one collective (monitor thread)."""
         current = self.current
         if current is None or rc.stall_seconds is None:
             return
@@ -127,11 +129,14 @@ class Monitor:
         """Cancel the pending receive of queries (before MPI_Finalize)."""
         self._recv.Cancel()
 
-    def close(self) -> None:
+    def close(self, free: bool = True) -> None:
+        """Stop monitoring; ``free``: free the monitor's communicator too (else it is left alone,
+        for a communicator that a failure made unusable)."""
         _unregister(self)
         if not MPI.Is_finalized():
             self._recv.Cancel()
-            self.comm.Free()
+            if free:
+                self.comm.Free()
 
 
 # -- the one monitor thread of the process -----------------------------------------------------------
