@@ -6,8 +6,8 @@ Replace ``tf.distribute`` with ``mpidist`` (and ``tf.distribute.experimental`` w
 from ._version import __version__
 from ._config import rc
 from . import errors
-from .topology import Topology, abort as _abort
-from .collectives import Engine, Op
+from .topology import Topology
+from .collectives import Engine, Op  # Op is ReduceOp: one class, defined in collectives
 from .cross_device import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce, ReduceOp,
                            ReductionToOneDevice)
 from .values import DistributedValues
@@ -27,7 +27,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mpidist' has no attribute {name!r}")
 
 
-_abort.install()  # an uncaught exception on one rank ends the job (rc.abort_on_error)
+# The abort hook (an uncaught exception on one rank ends the job, rc.abort_on_error) is installed
+# by the first Engine, not by this import.
 
 __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "CrossDeviceOps", "HierarchicalCopyAllReduce", "MPIAllReduce", "NcclAllReduce", "ReduceOp",

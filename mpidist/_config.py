@@ -17,64 +17,40 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
+from .validation import check_choice, check_flag, check_nonneg_int, parse_timeout_text
+
 _PREFIX = "MPIDIST_"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
-        text = str(value).strip().lower()
-        if text not in allowed:
-            raise ValueError(
-                f"mpidist.rc: `{name}` must be one of {', '.join(allowed)}, got {value!r}")
-        return text
+        return check_choice(str(value), "mpidist.rc", name, allowed)
     return parse
 
 
 def _nonneg_int(name: str, value: Any) -> int:
-    number: int | None = None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value.strip())
-    elif isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    if number is None or number < 0:
-        raise ValueError(f"mpidist.rc: `{name}` must be an integer >= 0, got {value!r}")
-    return number
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())  # from the environment
+    return check_nonneg_int(value, "mpidist.rc", name)  # type: ignore[return-value]
 
 
 def _tristate(name: str, value: Any) -> str:
     text = str(value).strip().lower()
     if text == "auto":
         return text
-    if text in _TRUE:
-        return "yes"
-    if text in _FALSE:
-        return "no"
-    raise ValueError(f"mpidist.rc: `{name}` must be auto, yes or no (1/0, true/false), got {value!r}")
+    try:
+        return "yes" if check_flag(value, "mpidist.rc", name) else "no"
+    except ValueError:
+        raise ValueError(f"mpidist.rc: `{name}` must be auto, yes or no (1/0, true/false), got {value!r}") from None
 
 
 def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"mpidist.rc: `{name}` must be a boolean (1/0, true/false), got {value!r}")
+    return check_flag(value, "mpidist.rc", name)
 
 
 def _optional_seconds(name: str, value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "0")):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if isinstance(value, bool) or not seconds > 0:
-        raise ValueError(f"mpidist.rc: `{name}` must be None or seconds > 0, got {value!r}")
-    return seconds
+    """Seconds > 0, or None for never: None, 0, "", "none" and "0" all mean never."""
+    return parse_timeout_text(value, "mpidist.rc", name)
 
 
 def _path(name: str, value: Any) -> str:
@@ -116,11 +92,12 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "cuda_aware_mpi": ("auto", _tristate,
                        "whether MPI may read GPU memory: auto (ask the library where it can tell), yes, no"),
     "stall_seconds": (60.0, _optional_seconds,
-                      "log which ranks have not arrived when a collective has waited this long; None = never"),
+                      "log which ranks have not arrived when a collective has waited this long; None or 0 = never"),
     "stall_abort_seconds": (None, _optional_seconds,
-                            "abort the job when a collective has waited this long; None = never"),
+                            "abort the job when a collective has waited this long; None or 0 = never"),
     "timeout_seconds": (None, _optional_seconds,
-                        "default deadline of every collective; None = wait forever"),
+                        "default deadline of every collective; None or 0 = wait forever (a call's own "
+                        "timeout_seconds=0 also means no deadline, over this default)"),
     "timeline": ("", _path,
                  "write a Chrome/Perfetto trace of every collective to this path, one file per rank "
                  "('{rank}' in the path is replaced by the rank, else '.rank<N>' goes before the suffix); "

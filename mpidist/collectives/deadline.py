@@ -2,7 +2,8 @@
 
 Without a deadline each data step is the blocking MPI call. With ``timeout_seconds`` each step is
 the non-blocking variant (``Iallreduce``, ``Ibcast`` …) polled until the deadline of the whole
-logical collective. MPI never matches a blocking collective with a non-blocking one, so steps
+logical collective (``timeout_seconds``: see mpidist/validation.py for what None and 0 mean).
+MPI never matches a blocking collective with a non-blocking one, so steps
 that must meet whatever the ranks' deadlines (the agreement exchange, barrier) always use the
 non-blocking variant (:meth:`Caller.nonblocking`); the agreement includes whether a deadline is
 set, so ranks that differ there get a mismatch error rather than a hang. When the deadline passes, the request is abandoned (its buffers are kept
@@ -20,7 +21,6 @@ import logging
 import time
 from typing import Any, Callable
 
-import numpy as np
 from mpi4py import MPI
 
 from ..errors import deadline_exceeded
@@ -29,15 +29,6 @@ _log = logging.getLogger("mpidist")
 _abandoned: list[tuple[MPI.Request, tuple, str]] = []
 _SPIN = 2e-4        # poll without sleeping for this long, then back off
 _MAX_NAP = 1e-3
-
-
-def check_timeout(value: Any, where: str) -> float | None:
-    """A ``timeout_seconds`` argument as seconds (None stays None), or ValueError naming ``where``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not value > 0:
-        raise ValueError(f"{where}: `timeout_seconds` must be None or a number > 0, got {value!r}")
-    return float(value)
 
 
 class Caller:

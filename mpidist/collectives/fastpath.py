@@ -2,7 +2,7 @@
 
 A training loop reduces the same dtypes and shapes every step (a gradient, or the list of all
 gradients). The first such call takes the engine's general path (validation, planning, agreement
-key); the engine then asks :meth:`FastPaths.remember` to cache what cannot change for the same
+key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeline.fast``) to cache what cannot change for the same
 dtypes and shapes: the agreement hash, the pack plan (the same ``packing.plan`` as the general
 path, so ranks on either path issue identical MPI calls), wire dtypes, MPI ops and the offsets
 of each leaf in its pack. A later call with the same op, leaf types, dtypes and shapes then does
@@ -11,7 +11,8 @@ the MPI call, MEAN's division, and slicing the results out as views.
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
-are dropped whenever a setting changes (``rc.generation``).
+are dropped whenever a setting changes (``rc.generation``). The agreement key, its hash and the
+stall monitor come from the pipeline's public methods (pipeline.py), as on the general path.
 """
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ _MAX_ENTRIES = 256
 
 
 class FastPaths:
-    """One engine's cache: ``lookup`` before the general path, ``remember`` after it."""
+    """One pipeline's cache: ``lookup`` before the general path, ``remember`` after it."""
 
-    def __init__(self, engine: Any, key: Callable[..., tuple], describe: Callable[[tuple], str]) -> None:
-        self._engine = engine
-        self._key, self._describe = key, describe
+    def __init__(self, pipeline: Any) -> None:
+        self._pipeline = pipeline
         self._arrays: dict[tuple, tuple[int, Callable]] = {}
         self._lists: dict[tuple, tuple[int, Callable]] = {}
+
+    def clear(self) -> None:
+        """Forget every cached call (the pipeline is closed or its communicator replaced)."""
+        self._arrays.clear()
+        self._lists.clear()
 
     def lookup(self, op: Any, value: Any) -> Callable | None:
         """The cached function for ``value`` (called with ``value``), or None."""
@@ -78,24 +83,24 @@ class FastPaths:
 
     def _agree(self, red: Op, structure: str, arrays: list[np.ndarray]) -> Callable[[], None]:
         """The agreement step with the general path's key, hash computed once."""
-        engine = self._engine
+        pipeline = self._pipeline
         if not rc.check_agreement:
             return lambda: None
-        key = self._key("allreduce", (red.value, None), structure, allreduce.signature(arrays),
-                          rc.algorithm, rc.bytes_per_pack, None, False)
-        h = agreement.signature_hash(key, engine._hashes)
-        comm, describe = engine.topology.comm, self._describe
+        key = pipeline.key("allreduce", (red.value, None), structure, allreduce.signature(arrays),
+                           rc.algorithm, rc.bytes_per_pack, None, False)
+        h = pipeline.agreement_hash(key)
+        comm, describe = pipeline.comm, pipeline.describe
         return lambda: agreement.agree_blocking(comm, h, key, describe, "allreduce")
 
     def _flat(self, nbytes: int) -> bool:
-        topo = self._engine.topology
+        topo = self._pipeline.topology
         return choose(rc.algorithm, topo, nbytes, rc.hierarchical_threshold) is flat
 
     def _array_path(self, red: Op, value: np.ndarray) -> Callable | None:
         wire, mop = rules(value.dtype, red, "allreduce", "leaf 0 of `value`")
         if not self._flat(value.size * wire.itemsize):
             return None
-        agree, comm, size = self._agree(red, "*", [value]), self._engine.topology.comm, self._engine.size
+        agree, comm, size = self._agree(red, "*", [value]), self._pipeline.comm, self._pipeline.size
 
         def transfer(send: np.ndarray, recv: np.ndarray) -> None:
             comm.Allreduce(send, recv, mop)
@@ -113,7 +118,7 @@ class FastPaths:
         if not all(self._flat(sum(nbytes[i] for i in pack)) for pack in plan):
             return None
         structure = nest.structure_key(nest.flatten(value)[1])  # the general path's text, so keys match
-        agree, comm, size = self._agree(red, structure, arrays), self._engine.topology.comm, self._engine.size
+        agree, comm, size = self._agree(red, structure, arrays), self._pipeline.comm, self._pipeline.size
         mean = red is Op.MEAN and size > 1
         steps = []
         for pack in plan:
@@ -147,7 +152,7 @@ class FastPaths:
         return self._monitored(run)
 
     def _monitored(self, run: Callable) -> Callable:
-        monitor = self._engine._monitor
+        monitor = self._pipeline.monitor
         if monitor is None:
             return run
 

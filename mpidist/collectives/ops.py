@@ -16,33 +16,65 @@ import numpy as np
 from mpi4py import MPI
 
 
-class Op(enum.Enum):
-    SUM = "sum"
-    MEAN = "mean"
-    MIN = "min"
-    MAX = "max"
-    PROD = "prod"
+class ReduceOp(enum.Enum):
+    """How values are combined across ranks: ``tf.distribute.ReduceOp`` (SUM, MEAN) plus MIN, MAX
+    and PROD. ``mpidist.ReduceOp``, ``mpidist.Op`` and ``mpidist.cross_device.ReduceOp`` are this
+    one class. Every spelling is accepted where an op is expected (:func:`parse_op`): a member,
+    its name in any case ("sum", "SUM", "Mean"), the aliases "avg"/"average"/"product", or another
+    enum with such a name or value (TensorFlow's ``tf.distribute.ReduceOp.SUM``); ``ReduceOp("sum")``
+    works too. Values are TensorFlow's ("SUM", "MEAN" ...)."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+    MIN = "MIN"
+    MAX = "MAX"
+    PROD = "PROD"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "ReduceOp | None":
+        return _lookup(value)
+
+    @staticmethod
+    def from_variable_aggregation(aggregation: Any) -> "ReduceOp":
+        """``tf.VariableAggregation`` (or its name) to a ReduceOp, as TensorFlow's method does."""
+        name = getattr(aggregation, "name", str(aggregation)).upper()
+        if name not in ("SUM", "MEAN"):
+            raise ValueError(f"ReduceOp.from_variable_aggregation: `aggregation` must be SUM or MEAN, "
+                             f"got {aggregation!r}")
+        return ReduceOp[name]
 
 
-_ALIASES = {"product": "prod", "avg": "mean", "average": "mean"}
-_KNOWN: dict[Any, Op] = {**{o: o for o in Op}, **{o.value: o for o in Op}, **{o.name: o for o in Op}}
+Op = ReduceOp  # the engine's historical name: the same class
+
+_ALIASES = {"product": "PROD", "avg": "MEAN", "average": "MEAN"}
+_KNOWN: dict[Any, ReduceOp] = {**{o: o for o in ReduceOp}, **{o.value: o for o in ReduceOp},
+                               **{o.value.lower(): o for o in ReduceOp}}
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex
 
 
-def parse_op(op: Any, where: str) -> Op:
-    """``op`` as an :class:`Op`: an Op, a name ("sum", "SUM", "Mean"), or an enum whose value is one."""
+def _lookup(op: Any) -> ReduceOp | None:
+    found = _KNOWN.get(op) if isinstance(op, (str, ReduceOp)) else None
+    if found is not None:
+        return found
+    for name in (getattr(op, "name", None), getattr(op, "value", None), op):
+        if isinstance(name, str):
+            text = name.strip().lower()
+            found = _KNOWN.get(_ALIASES.get(text, text))
+            if found is not None:
+                return found
+    return None
+
+
+def parse_op(op: Any, where: str, name: str = "op") -> ReduceOp:
+    """``op`` as a :class:`ReduceOp` (any spelling, see the class), or ValueError naming ``where``."""
     try:
         return _KNOWN[op]
     except (KeyError, TypeError):
         pass
-    name = op.value if isinstance(op, enum.Enum) else op
-    if isinstance(name, str):
-        text = name.strip().lower()
-        try:
-            return Op(_ALIASES.get(text, text))
-        except ValueError:
-            pass
-    raise ValueError(f"{where}: `op` must be one of {', '.join(o.name for o in Op)}, got {op!r}")
+    found = _lookup(op)
+    if found is None:
+        raise ValueError(f"{where}: `{name}` must be one of {', '.join(o.name for o in ReduceOp)}, got {op!r}")
+    return found
 
 
 def check_dtype(dtype: np.dtype, where: str, what: str) -> None:
@@ -65,13 +97,14 @@ def wire_dtype(dtype: np.dtype, op: Op, where: str, what: str) -> np.dtype:
     return dtype
 
 
-_MPI_OPS = {Op.SUM: MPI.SUM, Op.MEAN: MPI.SUM, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX, Op.PROD: MPI.PROD}
-_BOOL_OPS = {Op.SUM: MPI.MAX, Op.MAX: MPI.MAX, Op.PROD: MPI.MIN, Op.MIN: MPI.MIN}
+MPI_OPS = {Op.SUM: MPI.SUM, Op.MEAN: MPI.SUM, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX, Op.PROD: MPI.PROD}
+BOOL_OPS = {Op.SUM: MPI.MAX, Op.MAX: MPI.MAX, Op.PROD: MPI.MIN, Op.MIN: MPI.MIN}  # logical or / and
+REDUCTIONS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}  # by the GPU rules' names
 
 
 def mpi_op(op: Op, dtype: np.dtype) -> MPI.Op:
     """The MPI operation for ``op`` on data of (original) ``dtype``."""
-    return _BOOL_OPS[op] if dtype.kind == "b" else _MPI_OPS[op]
+    return BOOL_OPS[op] if dtype.kind == "b" else MPI_OPS[op]
 
 
 _rules: dict[tuple[np.dtype, Op], tuple[np.dtype, MPI.Op]] = {}
@@ -85,16 +118,22 @@ def rules(dtype: np.dtype, op: Op, where: str, what: str) -> tuple[np.dtype, MPI
     return found
 
 
-def finish_mean(buffer: np.ndarray, count: int) -> None:
-    """Turn a SUM into a MEAN over ``count`` ranks, in place."""
+def finish_mean(buffer: Any, count: int, xp: Any = None) -> None:
+    """Turn a SUM into a MEAN over ``count`` ranks, in place (integers truncate toward zero).
+
+    ``xp``: the array module of a device buffer (CuPy); None: a host NumPy buffer."""
     if count == 1:
         return
-    if buffer.dtype.kind in "fc":
+    dtype = buffer.dtype
+    if dtype.kind in "fc" or dtype.name == "bfloat16":
         buffer /= count
-    elif buffer.dtype.kind == "u":
+    elif dtype.kind == "u":
         buffer //= count
-    else:  # signed integers: truncate toward zero
+    elif xp is None:  # signed integers: truncate toward zero, in place
         negative = buffer < 0
         np.abs(buffer, out=buffer)
         buffer //= count
         np.negative(buffer, out=buffer, where=negative)
+    else:
+        quotient = xp.abs(buffer) // count
+        buffer[...] = xp.where(buffer < 0, -quotient, quotient)

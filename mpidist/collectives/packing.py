@@ -9,11 +9,15 @@ Automatic packing (``bytes_per_pack=0``): leaves of at least ``ALONE_BYTES`` tra
 fused into packs of up to ``AUTO_PACK_BYTES``. ``bytes_per_pack=B`` packs greedily up to B bytes
 (a larger leaf travels alone); ``num_packs=K`` splits each group into K packs of about equal size
 (``0``: every leaf alone), as TensorFlow's cross-device ops do.
+
+The same functions pack and unpack device arrays (collectives/gpu): ``pack`` takes the array
+module (``xp=cupy``) for the buffers it allocates; the others only use methods that NumPy and
+CuPy arrays share (``view``, ``astype``, ``reshape``, slicing).
 """
 from __future__ import annotations
 
 import math
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 
@@ -71,7 +75,7 @@ def _even(idx: list[int], nbytes: Sequence[int], k: int) -> list[list[int]]:
     return packs
 
 
-def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def as_dtype(array: Any, dtype: np.dtype) -> Any:
     """``array`` in ``dtype``: a view when only bool→uint8 reinterpretation is needed."""
     if array.dtype == dtype:
         return array
@@ -80,15 +84,25 @@ def as_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array.astype(dtype)
 
 
-def pack(arrays: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """One 1-D buffer of ``dtype`` holding ``arrays`` back to back (a view for a single array)."""
+def pack(arrays: Sequence[Any], dtype: np.dtype, xp: Any = None) -> Any:
+    """One 1-D buffer of ``dtype`` holding ``arrays`` back to back (a view for a single array).
+
+    ``xp``: the array module of device arrays (CuPy), whose ``empty`` makes the buffer; None: host
+    NumPy arrays, packed into a recycled buffer (buffers.py)."""
     if len(arrays) == 1:
         return as_dtype(arrays[0], dtype).reshape(-1)
-    out = buffers.empty(sum([a.size for a in arrays]), dtype)
-    return np.concatenate(arrays, axis=None, out=out, casting="safe")
+    if xp is None:
+        out = buffers.empty(sum([a.size for a in arrays]), dtype)
+        return np.concatenate(arrays, axis=None, out=out, casting="safe")
+    out = xp.empty(sum([a.size for a in arrays]), dtype=dtype)
+    at = 0
+    for a in arrays:
+        out[at:at + a.size] = as_dtype(a, dtype).reshape(-1)
+        at += a.size
+    return out
 
 
-def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> list[np.ndarray]:
+def unpack(buffer: Any, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> list[Any]:
     """Split a buffer from :func:`pack` back into arrays (views where the dtype already matches)."""
     out, offset = [], 0
     same = buffer.dtype
@@ -100,7 +114,7 @@ def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtyp
     return out
 
 
-def from_wire(piece: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def from_wire(piece: Any, dtype: np.dtype) -> Any:
     """A result in the caller's dtype: inverse of :func:`as_dtype` (a view for uint8→bool)."""
     if piece.dtype == dtype:
         return piece
@@ -116,6 +130,6 @@ def byte_layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, total
 
 
-def bytes_of(array: np.ndarray) -> np.ndarray:
+def bytes_of(array: Any) -> Any:
     """A contiguous array's memory as a 1-D uint8 view."""
     return array.reshape(-1).view(np.uint8)

@@ -70,7 +70,8 @@ class Monitor:
         return {"seq": self.last[0], "name": self.last[1], "inside": False,
                 "site": call_site(threading.main_thread().ident)}
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
+        """Answer other ranks' queries about where this rank is (the monitor thread calls this)."""
         self._sends = [req for req in self._sends if not req.Test()]
         while True:
             done, msg = self._recv.test()
@@ -79,7 +80,8 @@ class Monitor:
             self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
             self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
 
-    def _watch(self) -> None:
+    def watch(self) -> None:
+        """Report, or abort, when this rank has waited too long in one collective (monitor thread)."""
         current = self.current
         if current is None or rc.stall_seconds is None:
             return
@@ -101,7 +103,7 @@ class Monitor:
         pending = {r: self.comm.irecv(source=r, tag=_REPLY) for r in peers}
         deadline = time.monotonic() + 5.0
         while pending and time.monotonic() < deadline:
-            self._serve()
+            self.serve()
             for r, req in list(pending.items()):
                 done, state = req.test()
                 if done:
@@ -123,11 +125,18 @@ class Monitor:
             lines.append(f"  rank {r}: did not answer within 5 s")
         return "\n".join(lines)
 
-    def close(self) -> None:
+    def cancel(self) -> None:
+        """Cancel the pending receive of queries (before MPI_Finalize)."""
+        self._recv.Cancel()
+
+    def close(self, free: bool = True) -> None:
+        """Stop monitoring; ``free``: free the monitor's communicator too (else it is left alone,
+        for a communicator that a failure made unusable)."""
         _unregister(self)
         if not MPI.Is_finalized():
             self._recv.Cancel()
-            self.comm.Free()
+            if free:
+                self.comm.Free()
 
 
 # -- the one monitor thread of the process -----------------------------------------------------------
@@ -162,8 +171,8 @@ def _loop() -> None:
             monitors = list(_monitors)
         for monitor in monitors:
             try:
-                monitor._serve()
-                monitor._watch()
+                monitor.serve()
+                monitor.watch()
             except Exception as err:  # never let diagnostics kill the program
                 _log.debug("mpidist monitor: %s", err)
 
@@ -177,6 +186,6 @@ def _shutdown() -> None:
         for monitor in list(_monitors):
             if not MPI.Is_finalized():
                 try:
-                    monitor._recv.Cancel()
+                    monitor.cancel()
                 except Exception:
                     pass

@@ -4,7 +4,7 @@ Each rank writes its own file: ``path`` with ``{rank}`` replaced by the COMM_WOR
 ``path`` has no ``{rank}``, ``.rank<N>`` inserted before the suffix (``trace.json`` →
 ``trace.rank0.json``). The files use the Trace Event "JSON array" format, which chrome://tracing,
 https://ui.perfetto.dev and ``json.load`` read; ``python -m mpidist timeline merge`` joins the
-ranks' files into one trace (one process per rank, one thread per engine).
+ranks' files into one trace (one process per rank, one thread per engine and communicator).
 
 Every collective is one span named after it (``allreduce``, ``broadcast`` …, with bytes, leaves,
 op, algorithm) holding its phases, in order:

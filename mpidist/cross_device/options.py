@@ -7,19 +7,17 @@ the implementation choice.
   node where available).
 - ``RING``: the MPI path only (the name TensorFlow uses for its non-NCCL collectives).
 - ``NCCL``: NCCL inside the node for GPU buffers; a clear error where NCCL is unavailable.
+
+``timeout_seconds``: None = not set (``rc.timeout_seconds`` applies; when merging, the other
+options' value), 0 = no deadline (TensorFlow's "no timeout"; it wins over ``rc.timeout_seconds``),
+> 0 = seconds. :meth:`CommunicationOptions.call_options` gives the engine's per-call options.
 """
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from ..collectives.deadline import check_timeout
-
-
-class CommunicationImplementation(enum.Enum):
-    AUTO = "AUTO"
-    RING = "RING"
-    NCCL = "NCCL"
+from ..collectives.options import IMPLEMENTATIONS, CallOptions, CommunicationImplementation
+from ..validation import check_bytes_per_pack, check_choice, check_timeout
 
 
 CollectiveCommunication = CommunicationImplementation
@@ -28,23 +26,16 @@ CollectiveCommunication = CommunicationImplementation
 def _implementation(value: Any, where: str) -> CommunicationImplementation:
     if isinstance(value, CommunicationImplementation):
         return value
-    name = getattr(value, "name", value)  # TensorFlow's own enum members work too
-    if isinstance(name, str) and name.upper() in CommunicationImplementation.__members__:
-        return CommunicationImplementation[name.upper()]
-    raise ValueError(f"{where}: `implementation` must be one of AUTO, RING, NCCL, got {value!r}")
-
-
-def _bytes_per_pack(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where}: `bytes_per_pack` must be an integer >= 0, got {value!r}")
-    return value
+    # TensorFlow's own enum members work too (by name)
+    return CommunicationImplementation[check_choice(value, where, "implementation", IMPLEMENTATIONS, upper=True).upper()]
 
 
 class CommunicationOptions:
     """Options for cross-replica communication (``tf.distribute.experimental.CommunicationOptions``).
 
     ``bytes_per_pack``: pack size for nests (0 = automatic); ``timeout_seconds``: deadline of each
-    collective (None = none); ``implementation``: AUTO, RING or NCCL.
+    collective (None = not set: ``rc.timeout_seconds``; 0 = no deadline); ``implementation``:
+    AUTO, RING or NCCL.
     """
 
     __slots__ = ("bytes_per_pack", "timeout_seconds", "implementation")
@@ -52,7 +43,7 @@ class CommunicationOptions:
     def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None,
                  implementation: Any = CommunicationImplementation.AUTO) -> None:
         where = "CommunicationOptions"
-        self.bytes_per_pack = _bytes_per_pack(bytes_per_pack, where)
+        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, where)
         self.timeout_seconds = check_timeout(timeout_seconds, where)
         self.implementation = _implementation(implementation, where)
 
@@ -65,6 +56,10 @@ class CommunicationOptions:
             other.timeout_seconds if other.timeout_seconds is not None else self.timeout_seconds,
             other.implementation if other.implementation is not CommunicationImplementation.AUTO
             else self.implementation)
+
+    def call_options(self) -> CallOptions:
+        """These options as the engine's per-call options (0 bytes_per_pack: not set)."""
+        return CallOptions(self.bytes_per_pack or None, self.timeout_seconds, self.implementation.value.lower())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CommunicationOptions) and all(

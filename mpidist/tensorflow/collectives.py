@@ -26,7 +26,6 @@ path (NCCL / MPI), DLPack back, inside a ``tf.py_function`` in graphs: no host c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
 from .._config import rc
+from ..collectives.options import CallOptions  # the engine's one per-call options type
 from . import _tf_private, deadline_op, gpu_bridge
 
 
@@ -44,22 +44,6 @@ class XlaCollectiveError(tf.errors.UnimplementedError):
 
     def __init__(self, node_def: Any, op: Any, message: str, *args: Any) -> None:
         super().__init__(node_def, op, message, *args)
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """What one engine call gets besides the data (None: the engine's rc default)."""
-    bytes_per_pack: int | None = None
-    timeout_seconds: float | None = None
-    implementation: str = "auto"  # for GPU tensors: auto, ring (MPI only) or nccl
-
-    def kwargs(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.bytes_per_pack:
-            out["bytes_per_pack"] = self.bytes_per_pack
-        if self.timeout_seconds is not None:
-            out["timeout_seconds"] = self.timeout_seconds
-        return out
 
 
 DEFAULT = CallOptions()

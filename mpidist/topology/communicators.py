@@ -19,6 +19,7 @@ from typing import Any
 from mpi4py import MPI
 
 from .._config import rc
+from ..validation import check_nonneg_int
 from . import launchers
 
 _log = logging.getLogger("mpidist")
@@ -51,9 +52,7 @@ class Topology:
         if not _checked_launcher:
             _checked_launcher = True
             launchers.check_world_size(MPI.COMM_WORLD.Get_size())
-        fake = rc.local_size if local_size is None else local_size
-        if not isinstance(fake, int) or isinstance(fake, bool) or fake < 0:
-            raise ValueError(f"Topology: `local_size` must be an integer >= 0, got {fake!r}")
+        fake = check_nonneg_int(rc.local_size if local_size is None else local_size, "Topology", "local_size")
 
         self.comm: MPI.Intracomm = base.Clone()
         self.rank: int = self.comm.Get_rank()

@@ -95,6 +95,28 @@ def test_op_names_and_enum(engine):
     assert engine.allreduce(x, "SUM")[0] == engine.allreduce(x, mpidist.Op.SUM)[0] == \
         sum(range(1, engine.size + 1))
     assert engine.allreduce(x, "Product")[0] == np.prod(np.arange(1, engine.size + 1))
+    assert engine.allreduce(x, mpidist.ReduceOp.MAX)[0] == engine.allreduce(x, "max")[0] == engine.size
+
+
+def test_call_options_object_and_keywords_mean_the_same(engine):
+    """options=CallOptions(...) and the keyword arguments are one per-call options type."""
+    from mpidist.collectives import CallOptions
+    values = [np.full(5, engine.rank, np.float64), np.arange(3, dtype=np.int32) * engine.rank]
+    expected = [np.full(5, sum(range(engine.size)), np.float64),
+                np.arange(3, dtype=np.int32) * sum(range(engine.size))]
+    for kwargs in ({"options": CallOptions(bytes_per_pack=16, algorithm="flat", timeout_seconds=30)},
+                   {"bytes_per_pack": np.int64(16), "algorithm": "flat", "timeout_seconds": np.float32(30)},
+                   {"options": CallOptions(num_packs=0), "timeout_seconds": 0},  # keywords over options
+                   {"options": CallOptions(bytes_per_pack=16), "num_packs": 2}):
+        for result, want in zip(engine.allreduce(values, **kwargs), expected):
+            assert_same(result, want)
+        assert engine.allgather(values[0], **kwargs).shape == (5 * engine.size,)
+    with pytest.raises(TypeError, match="allreduce: `options` must be a CallOptions or None, got dict"):
+        engine.allreduce(values, options={"bytes_per_pack": 16})
+    with pytest.raises(ValueError, match="broadcast: `num_packs` must be an integer >= 0, got -1"):
+        engine.broadcast(values, num_packs=-1)
+    with pytest.raises(ValueError, match="reduce: `root` must be a rank in \\[0, .*\\), got True"):
+        engine.reduce(values, root=True)
 
 
 def test_large_results_kept_alive_are_never_recycled(engine):
@@ -116,7 +138,7 @@ def test_repeated_plain_calls_take_the_cached_path(engine, op):
     expected = reduce_all(inputs, op)
     for _ in range(3):
         assert_same(engine.allreduce(inputs[engine.rank], op), expected)
-    assert engine._fast.lookup(op, inputs[engine.rank]) is not None
+    assert engine.pipeline.fast.lookup(op, inputs[engine.rank]) is not None
     with mpidist.rc.override(check_agreement=False):  # a settings change drops the cached entry
         assert_same(engine.allreduce(inputs[engine.rank], op), expected)
 
@@ -144,7 +166,7 @@ def test_repeated_lists_take_the_cached_path(engine, case, kind, op):
         assert type(result) is kind and len(result) == len(specs)
         kept.append(result)
         if step == 0:
-            assert engine._fast.lookup(op, inputs[engine.rank]) is not None
+            assert engine.pipeline.fast.lookup(op, inputs[engine.rank]) is not None
     for result in kept:  # results of earlier steps were not overwritten by later ones
         for got, want in zip(result, expected):
             assert_same(got, want)
@@ -164,9 +186,9 @@ def test_cached_list_path_is_not_used_for_conversions_or_deadlines(engine):
     halves = [np.ones(3, np.float16), np.ones(2, np.float16)]
     for _ in range(2):
         assert [r.dtype for r in engine.allreduce(halves)] == [np.float16, np.float16]
-    assert engine._fast.lookup("sum", halves) is None  # float16 travels as float32: general path
+    assert engine.pipeline.fast.lookup("sum", halves) is None  # float16 travels as float32: general path
     x = [np.ones(3), np.ones(4)]
     with mpidist.rc.override(timeout_seconds=30):
         for _ in range(2):
             assert engine.allreduce(x)[1][0] == engine.size
-        assert engine._fast.lookup("sum", x) is None
+        assert engine.pipeline.fast.lookup("sum", x) is None

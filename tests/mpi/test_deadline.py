@@ -43,6 +43,26 @@ def test_late_rank(comm, collective):
             time.sleep(0.01)
     settings.__exit__(None, None, None)
     comm.Barrier()
+    # recovery: a fresh communicator makes the broken engine usable again, on every rank
+    fresh = comm.Dup()
+    engine.replace_comm(fresh, free_old=False)
+    assert engine.broken is None
+    assert engine.allreduce(x, timeout_seconds=30).tolist() == [engine.size] * 4
+    engine.close()
+    fresh.Free()
+
+
+def test_zero_timeout_means_no_deadline_even_over_rc(comm):
+    """0 is "no timeout" (TensorFlow's meaning) in every layer, and wins over rc.timeout_seconds."""
+    engine = mpidist.Engine(comm)
+    x = np.ones(2)
+    with mpidist.rc.override(timeout_seconds=30):
+        assert engine.allreduce(x, timeout_seconds=0)[0] == engine.size
+        options = mpidist.experimental.CommunicationOptions(timeout_seconds=0).call_options()
+        assert engine.allreduce(x, options=options)[0] == engine.size
+        # rank 0 says "no deadline", the others inherit rc's 30 s: the agreement sees the difference
+        with pytest.raises(mpidist.errors.CollectiveMismatchError, match="rank 0: allreduce.*no deadline"):
+            engine.allreduce(x, timeout_seconds=0 if engine.rank == 0 else None)
 
 
 def test_default_timeout_from_rc(comm):

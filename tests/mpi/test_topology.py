@@ -53,6 +53,58 @@ def test_engine_on_sub_communicator(comm):
     sub.Free()
 
 
+@pytest.mark.parametrize("make", ["split", "dup"])
+def test_replace_comm_moves_every_collective_to_the_new_communicator(comm, make):
+    """Engine.replace_comm: one swap point; afterwards every collective runs on the new communicator."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    engine = mpidist.Engine(comm)
+    x = np.array([rank, 1], dtype=np.int64)
+    assert engine.allreduce(x).tolist() == [sum(range(size)), size]
+    assert engine.pipeline.fast.lookup("sum", x) is not None  # the old pipeline cached this call
+    old_pipeline, old_clone = engine.pipeline, engine.topology.comm
+    if make == "split":
+        color = rank % 2
+        new = comm.Split(color, rank)
+        members = [r for r in range(size) if r % 2 == color]
+    else:
+        new = comm.Dup()
+        members = list(range(size))
+    engine.replace_comm(new)
+    assert old_pipeline.broken is not None and old_clone.py2f() != engine.topology.comm.py2f()
+    assert engine.pipeline is not old_pipeline and engine.broken is None
+    assert MPI.Comm.Compare(engine.topology.comm, new) == MPI.CONGRUENT  # a private clone of it
+    assert (engine.rank, engine.size) == (members.index(rank), len(members))
+    assert engine.pipeline.fast.lookup("sum", x) is None  # nothing derived from the old one survives
+    for _ in range(2):  # the general path, then the cached one, both on the new communicator
+        assert engine.allreduce(x).tolist() == [sum(members), len(members)]
+    packed, scalar = engine.allreduce([x, np.float32(rank)], "max", bytes_per_pack=8)
+    assert packed.tolist() == [max(members), 1] and scalar == np.float32(max(members))
+    assert type(scalar) is np.float32
+    assert engine.allgather(np.array([rank])).tolist() == members
+    assert engine.broadcast(np.array([rank]), root=engine.size - 1).tolist() == [members[-1]]
+    reduced = engine.reduce(x, "min", root=0)
+    assert (reduced.tolist() if engine.rank == 0 else reduced) == ([min(members), 1] if engine.rank == 0 else None)
+    expected = np.array_split(np.arange(6.0) * len(members), len(members))[engine.rank]
+    assert engine.reduce_scatter(np.arange(6.0), timeout_seconds=30).tolist() == expected.tolist()
+    engine.barrier(timeout_seconds=30)
+    engine.close()
+    new.Free()
+    with pytest.raises(mpidist.errors.CommunicatorBrokenError, match="the engine was closed"):
+        engine.allreduce(x)
+
+
+def test_replace_comm_keeps_or_overrides_fake_nodes(comm):
+    engine = mpidist.Engine(comm, local_size=1)
+    new = comm.Dup()
+    engine.replace_comm(new)  # the constructor's local_size stays
+    assert engine.topology.num_nodes == engine.size and engine.topology.local_size == 1
+    engine.replace_comm(new, local_size=engine.size)  # one fake node holding every rank
+    assert engine.topology.num_nodes == 1
+    assert engine.allreduce(np.ones(3), algorithm="hierarchical").tolist() == [engine.size] * 3
+    engine.close()
+    new.Free()
+
+
 def test_user_messages_do_not_mix_with_engine_traffic(comm):
     """The engine works on a clone: a user's pending point-to-point message stays the user's."""
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -85,28 +85,38 @@ def test_version_text():
     assert nccl.version_text(0) == "none"
 
 
-# -- packing helpers: their logic, with NumPy's array API standing in for CuPy's -------------------
+# -- the pack loop the host and device paths share (packing.py), its device branch driven by an
+# array module that is not NumPy (so the branch CuPy takes runs here) -------------------------------
+
+class _DeviceLike:
+    """An array module standing in for CuPy: NumPy's functions, but not NumPy itself."""
+    empty, abs, where = staticmethod(np.empty), staticmethod(np.abs), staticmethod(np.where)
+
 
 def test_pack_unpack_roundtrip_with_wire_conversions():
+    from mpidist.collectives import packing
     a, b = np.arange(6, dtype=np.int16).reshape(2, 3), np.array(7, dtype=np.int16)
-    buf = dc.pack(np, [a, b], np.dtype(np.int32))
-    assert buf.dtype == np.int32 and buf.tolist() == [0, 1, 2, 3, 4, 5, 7]
-    back = dc.unpack(buf, [a.shape, b.shape], a.dtype)
-    assert back[0].dtype == np.int16 and back[0].shape == (2, 3) and back[1].shape == () and back[1] == 7
+    for xp in (None, _DeviceLike):
+        buf = packing.pack([a, b], np.dtype(np.int32), xp=xp)
+        assert buf.dtype == np.int32 and buf.tolist() == [0, 1, 2, 3, 4, 5, 7]
+        back = packing.unpack(buf, [a.shape, b.shape], [a.dtype, a.dtype])
+        assert back[0].dtype == np.int16 and back[0].shape == (2, 3) and back[1].shape == () and back[1] == 7
     flags = np.array([True, False])
-    assert dc.pack(np, [flags], U8).base is not None  # bool travels as a uint8 view, no copy
-    assert dc.from_wire(np.array([1, 0], np.uint8), np.dtype(np.bool_)).tolist() == [True, False]
+    assert packing.pack([flags], U8, xp=_DeviceLike).base is not None  # bool travels as a uint8 view, no copy
+    assert packing.from_wire(np.array([1, 0], np.uint8), np.dtype(np.bool_)).tolist() == [True, False]
+    assert dc.bytes_of is packing.bytes_of  # one implementation
 
 
-def test_finish_mean_truncates_integers_toward_zero_like_the_host():
-    from mpidist.collectives.ops import finish_mean as host_finish
+def test_finish_mean_truncates_integers_toward_zero_on_both_branches():
+    from mpidist.collectives.ops import finish_mean
     for dtype in (np.int8, np.int32, np.uint16, np.float32, np.complex64):
         values = np.array([-7, -1, 0, 5, 9], dtype=np.int64).astype(dtype) if np.dtype(dtype).kind != "u" \
             else np.array([0, 5, 9], dtype=dtype)
         device, host = values.copy(), values.copy()
-        dc.finish_mean(np, device, 4)
-        host_finish(host, 4)
-        assert device.tolist() == host.tolist(), dtype
+        finish_mean(device, 4, xp=_DeviceLike)
+        finish_mean(host, 4)
+        expected = [int(v / 4) if np.dtype(dtype).kind in "iu" else v / 4 for v in values.tolist()]
+        assert device.tolist() == host.tolist() == expected, dtype
 
 
 class _Cupy13Nccl:

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpidist"
 LAYERS = {  # first dotted component after "mpidist." -> layer; unknown names are the top layer
-    "_version": 0, "errors": 0, "_config": 0,
+    "_version": 0, "errors": 0, "_config": 0, "validation": 0,
     "topology": 1, "collectives": 2, "cross_device": 3, "values": 4, "strategies": 5,
     "input": 6, "keras": 6, "tensorflow": 6, "horovod": 6,
 }

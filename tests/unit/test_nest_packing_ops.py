@@ -87,6 +87,38 @@ def test_parse_op():
         parse_op("avgg", "f")
 
 
+def test_op_and_reduce_op_are_one_class_and_every_spelling_works():
+    import enum
+
+    import mpidist
+    from mpidist.cross_device import ReduceOp, as_reduce_op
+    assert mpidist.Op is mpidist.ReduceOp is ReduceOp is Op
+    assert Op.SUM is ReduceOp.SUM and ReduceOp.SUM.value == "SUM"  # TensorFlow's values
+
+    class TfReduceOp(enum.Enum):  # what tf.distribute.ReduceOp looks like
+        SUM = "SUM"
+        MEAN = "MEAN"
+
+    class Aggregation(enum.Enum):  # tf.VariableAggregation: names, integer values
+        SUM = 1
+        MEAN = 2
+        ONLY_FIRST_REPLICA = 3
+
+    for spelling, expected in [("sum", Op.SUM), ("SUM", Op.SUM), (" Mean ", Op.MEAN), ("avg", Op.MEAN),
+                               ("average", Op.MEAN), ("product", Op.PROD), (Op.MAX, Op.MAX),
+                               (ReduceOp.MIN, Op.MIN), (TfReduceOp.SUM, Op.SUM), (TfReduceOp.MEAN, Op.MEAN)]:
+        assert parse_op(spelling, "f") is expected
+        assert as_reduce_op(spelling, "g") is expected
+        assert ReduceOp(spelling) is expected
+    assert ReduceOp.from_variable_aggregation(Aggregation.MEAN) is Op.MEAN
+    with pytest.raises(ValueError, match="from_variable_aggregation: `aggregation` must be SUM or MEAN"):
+        ReduceOp.from_variable_aggregation(Aggregation.ONLY_FIRST_REPLICA)
+    with pytest.raises(ValueError, match="g: `reduce_op` must be one of SUM, MEAN, MIN, MAX, PROD, got 'sump'"):
+        as_reduce_op("sump", "g")
+    with pytest.raises(ValueError):
+        ReduceOp("sump")
+
+
 def test_wire_dtypes_and_errors():
     assert wire_dtype(np.dtype(np.float16), Op.SUM, "f", "x") == np.float32
     assert wire_dtype(np.dtype(bool), Op.MAX, "f", "x") == np.uint8

@@ -9,11 +9,13 @@ Nothing here imports CuPy at import time. One module per concern:
 - nccl: NCCL dtype/op tables, reduction rules, the per-node communicator;
 - paths: the path of a collective (a pure function of facts all ranks share) and the
   implementation asked for (AUTO, RING, NCCL) as a context variable;
-- facts: per-engine state: the job's facts, gathered once, and the NCCL communicator cache;
+- facts: per-communicator state (in the engine's pipeline): the job's facts, gathered once, and
+  the NCCL communicator cache;
 - transports, hierarchical: moving device buffers over NCCL, NCCL+MPI, MPI on device pointers or
   MPI staged through page-locked host memory;
 - device_collectives: the five collectives on lists of device arrays;
-- dispatch: the engine's hook; binding: rank-to-GPU binding by local rank.
+- dispatch: the engine's hook, through the pipeline's public steps (collectives/pipeline.py);
+- binding: rank-to-GPU binding by local rank.
 """
 from .binding import bind_device, device_for
 from .cupy_arrays import any_device, as_cupy, cupy_reason, is_device_array, nccl_reason

@@ -3,7 +3,7 @@
 They mirror the host modules (allreduce.py, broadcast.py, ...): the same packing plan (so
 ``bytes_per_pack`` / ``num_packs`` mean the same), the same results (dtypes, shapes, MEAN
 semantics, broadcast returning the root's own arrays at the root, ``None`` off the root for
-reduce), but packs are built and unpacked on the device and the data never leaves it unless the
+reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked on the device and the data never leaves it unless the
 path stages it. Zero-size buffers are skipped on every rank (sizes are agreed, so all skip alike).
 
 With NCCL, the transfers of a reduction's packs are issued as one NCCL group; whatever reads
@@ -17,66 +17,12 @@ from typing import Any
 import numpy as np
 
 from .. import packing
-from ..ops import Op
+from ..ops import Op, finish_mean
 from ..reduce_scatter import block_rows
-from .nccl import is_bfloat16
 from .transports import Env
 
 _UINT8 = np.dtype(np.uint8)
-
-
-def as_wire(a: Any, wire: np.dtype) -> Any:
-    """``a`` in the wire dtype: itself, a uint8 view of bool, or a converted copy."""
-    if a.dtype == wire:
-        return a
-    if a.dtype.kind == "b" and wire == _UINT8:
-        return a.view(_UINT8)
-    return a.astype(wire)
-
-
-def from_wire(piece: Any, dtype: np.dtype) -> Any:
-    if piece.dtype == dtype:
-        return piece
-    return piece.view(dtype) if dtype.kind == "b" else piece.astype(dtype)
-
-
-def pack(cp: Any, arrays: list[Any], wire: np.dtype) -> Any:
-    """One 1-D device buffer of ``wire`` holding ``arrays`` back to back (a view for one array)."""
-    if len(arrays) == 1:
-        return as_wire(arrays[0], wire).reshape(-1)
-    out = cp.empty(sum(a.size for a in arrays), dtype=wire)
-    at = 0
-    for a in arrays:
-        out[at:at + a.size] = as_wire(a, wire).reshape(-1)
-        at += a.size
-    return out
-
-
-def unpack(buffer: Any, shapes: list[tuple], dtype: np.dtype) -> list[Any]:
-    out, at = [], 0
-    for shape in shapes:
-        n = math.prod(shape)
-        out.append(from_wire(buffer[at:at + n].reshape(shape), dtype))
-        at += n
-    return out
-
-
-def finish_mean(cp: Any, buffer: Any, count: int) -> None:
-    """Turn a SUM into a MEAN over ``count`` ranks, in place (integers truncate toward zero)."""
-    if count == 1:
-        return
-    kind = buffer.dtype.kind
-    if kind in "fc" or is_bfloat16(buffer.dtype):
-        buffer /= count
-    elif kind == "u":
-        buffer //= count
-    else:
-        quotient = cp.abs(buffer) // count
-        buffer[...] = cp.where(buffer < 0, -quotient, quotient)
-
-
-def bytes_of(a: Any) -> Any:
-    return a.reshape(-1).view(_UINT8)
+bytes_of = packing.bytes_of
 
 
 def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list[Any] | None:
@@ -94,7 +40,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
 
     def transfer(pack_: list[int]) -> None:
         transport, rule = chosen[dtypes[pack_[0]]]
-        send = pack(cp, [arrays[i] for i in pack_], rule.wire)
+        send = packing.pack([arrays[i] for i in pack_], rule.wire, xp=cp)
         recv = cp.empty_like(send) if keep else None
         if send.size:
             if root is None:
@@ -117,8 +63,8 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
     results: list[Any] = [None] * len(arrays)
     for pack_, _, recv, rule in done:
         if rule.finish_mean:
-            finish_mean(cp, recv, env.size)
-        for i, out in zip(pack_, unpack(recv, [arrays[i].shape for i in pack_], dtypes[pack_[0]])):
+            finish_mean(recv, env.size, xp=cp)
+        for i, out in zip(pack_, packing.unpack(recv, [arrays[i].shape for i in pack_], [dtypes[pack_[0]]] * len(pack_))):
             results[i] = out
     return results
 
@@ -180,13 +126,13 @@ def reduce_scatter(env: Env, arrays: list[Any], op: Op) -> list[Any]:
         transport, rule = env.rule(a.dtype, op, f"leaf {i} of `value`")
         rows = block_rows(a.shape[0], env.size)
         counts = [n * math.prod(a.shape[1:]) for n in rows]  # Python ints, as the host path's
-        send = as_wire(a, rule.wire).reshape(-1)
+        send = packing.as_dtype(a, rule.wire).reshape(-1)
         recv = cp.empty(counts[env.rank], dtype=rule.wire)
         if send.size:
             transport.reduce_scatter(send, recv, counts, rule)
         if rule.finish_mean:
-            finish_mean(cp, recv, env.size)
-        results.append(from_wire(recv.reshape((rows[env.rank],) + a.shape[1:]), a.dtype))
+            finish_mean(recv, env.size, xp=cp)
+        results.append(packing.from_wire(recv.reshape((rows[env.rank],) + a.shape[1:]), a.dtype))
     return results
 
 

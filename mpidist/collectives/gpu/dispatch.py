@@ -1,6 +1,8 @@
 """The engine's GPU hook: a collective whose nest holds device arrays comes here.
 
-The steps are the engine's, in the same order on every rank:
+The steps are the engine's pipeline's (collectives/pipeline.py: the engine has already checked
+that it is usable and resolved the options), through the same public methods, in the same order
+on every rank:
 
 1. CuPy is loaded (a device leaf without CuPy is an error naming the leaf, or for NCCL asked for
    explicitly ``<who>: NCCL is not available: cupy is not installed (pip install cupy-cuda12x)``);
@@ -9,7 +11,7 @@ The steps are the engine's, in the same order on every rank:
    back as they went in, so mixed nests such as (device sums, host counts) work);
 3. agreement, with the implementation asked for in the key: a rank passing host arrays where
    another passes device arrays gets a CollectiveMismatchError naming both, not a hang;
-4. the job's facts (gathered once per engine) decide the path (paths.choose), the same on every
+4. the job's facts (gathered once per pipeline, i.e. per communicator) decide the path (paths.choose), the same on every
    rank; the NCCL communicator is built on first use;
 5. the collective runs on the device (device_collectives.py) over the path's transport; with a
    deadline, the stream is waited for before returning, so the deadline covers the GPU work.
@@ -24,11 +26,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..._config import rc
 from ...errors import GpuUnavailableError
-from .. import agreement, arrays as host_arrays, nest, timeline
-from ..deadline import Caller
+from .. import arrays as host_arrays, nest
 from ..ops import check_dtype
+from ..options import Resolved
+from ..pipeline import Call, Pipeline
 from . import cupy_arrays, device_collectives, facts, paths
 from .hierarchical import HierarchicalTransport
 from .paths import Path
@@ -89,16 +91,7 @@ def _back(cp: Any, results: list[Any], restore: list[Any], leaves: list[Any]) ->
             for r, adapter, leaf in zip(results, restore, leaves)]
 
 
-def _safe_describe(describe: Any) -> Any:
-    def safe(key: tuple) -> str:
-        try:
-            return describe(key)
-        except Exception:  # a dtype NumPy cannot name from its code (bfloat16): show the raw key
-            return repr(key)
-    return safe
-
-
-def make_env(cp: Any, ctx: Any, engine: Any, path: Path, job: paths.JobFacts, device: int,
+def make_env(cp: Any, ctx: Call, pipeline: Pipeline, path: Path, job: paths.JobFacts, device: int,
              deadline: bool) -> Env:
     """The environment of one collective: the path's transport and the MPI fallback."""
     env = Env(cp, ctx)
@@ -107,7 +100,7 @@ def make_env(cp: Any, ctx: Any, engine: Any, path: Path, job: paths.JobFacts, de
     if not path.uses_nccl:
         env.primary = env.fallback
         return env
-    env.node = facts.state(engine).node_comm(cp, engine, ctx.call, device)
+    env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
     if path is Path.NCCL:
         env.primary = NcclTransport(env, env.node)
     else:
@@ -116,14 +109,14 @@ def make_env(cp: Any, ctx: Any, engine: Any, path: Path, job: paths.JobFacts, de
     return env
 
 
-def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], tree: Any, op_root: tuple,
-               params: dict, alg: str, bpp: int, npk: int | None, timeout: float | None) -> Any:
-    """Run the engine's collective ``where`` on a nest holding device arrays (see the module docstring)."""
-    from ..engine import _Call, _describe  # the engine imports this package: import it at call time
+def collective(pipeline: Pipeline, where: str, module: ModuleType, leaves: list[Any], tree: Any, op_root: tuple,
+               params: dict, options: Resolved, *, rec: Any = None, start: float = 0.0) -> Any:
+    """Run the collective ``where`` on a nest holding device arrays (see the module docstring).
 
-    rec = timeline.recorder()
-    start = rec.now() if rec is not None else 0.0
+    ``options.implementation`` (when not "auto") wins over the :func:`paths.implementation` block."""
     implementation, requested_by = paths.current()
+    if options.implementation != "auto":
+        implementation, requested_by = options.implementation, None
     who = requested_by or where
     cp = _require_cupy(leaves, implementation, who, where)
     views, device = _device(cp, leaves, where)
@@ -131,42 +124,34 @@ def collective(engine: Any, where: str, module: ModuleType, leaves: list[Any], t
         arrays, restore = _to_device(cp, leaves, views, where)
         if module.validate is not None:
             module.validate(arrays, where)
-        call = Caller(where, timeout, engine._break)
-        ctx = _Call(where, engine.topology, call, alg, bpp, npk)
-        prepared = agreed = None  # timeline marks, as in Engine._collective
-        if rc.check_agreement:
-            structure = "*" if tree is nest.LEAF else nest.structure_key(tree)
-            key = engine._key(where, op_root, structure, module.signature(arrays), f"{alg}|gpu:{implementation}",
-                              bpp, npk, timeout is not None)
-            prepared = rec.now() if rec is not None else None
-            agreement.agree(engine.topology.comm, call, key, engine._hashes, _safe_describe(_describe), where)
-        if rec is not None:
-            prepared, agreed = timeline.agreed(rec, prepared, call)
-        state = facts.state(engine)
-        job = state.job(cp, engine, device)
-        path = state.last_path = paths.choose(implementation, alg, job, deadline=timeout is not None, who=who)
-        state.tell_once(engine, (where, path), "mpidist: %s of GPU buffers takes the %s path (%d node(s), "
-                        "NCCL %s, CUDA-aware MPI: %s)", where, path.value, job.num_nodes,
-                        "unusable" if job.nccl_reason else job.nccl_version, "yes" if job.cuda_aware else "no")
-        env = make_env(cp, ctx, engine, path, job, device, timeout is not None)
-        if env.node is not None:
-            env.node.steps = call.steps
-        try:
-            results = device_collectives.RUN[where](env, arrays, **params)
-        finally:
-            if env.node is not None:
-                env.node.steps = None
-        if timeout is not None:
-            env.wait()
-            if env.node is not None:
-                env.node.check()
-    if results is None:
-        out = None
-    elif all(r is None for r in restore):
-        out = nest.unflatten(tree, results)
-    else:
-        out = nest.unflatten(tree, _back(cp, results, restore, leaves))
-    if rec is not None:
-        engine._record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, alg, path=path.value)
-    return out
+        deadline = options.timeout is not None
 
+        def run(ctx: Call) -> Any:
+            state = facts.state(pipeline)
+            job = state.job(cp, pipeline, device)
+            path = state.last_path = paths.choose(implementation, options.algorithm, job, deadline=deadline, who=who)
+            state.tell_once(pipeline, (where, path), "mpidist: %s of GPU buffers takes the %s path (%d node(s), "
+                            "NCCL %s, CUDA-aware MPI: %s)", where, path.value, job.num_nodes,
+                            "unusable" if job.nccl_reason else job.nccl_version, "yes" if job.cuda_aware else "no")
+            ctx.notes = {"path": path.value}
+            env = make_env(cp, ctx, pipeline, path, job, device, deadline)
+            if env.node is not None:
+                env.node.steps = ctx.call.steps
+            try:
+                results = device_collectives.RUN[where](env, arrays, **params)
+            finally:
+                if env.node is not None:
+                    env.node.steps = None
+            if deadline:
+                env.wait()
+                if env.node is not None:
+                    env.node.check()
+            return results
+
+        results = pipeline.execute(where, module, arrays, tree, op_root, options, run, rec=rec, start=start,
+                                   variant=f"gpu:{implementation}")
+    if results is None:
+        return None
+    if all(r is None for r in restore):
+        return nest.unflatten(tree, results)
+    return nest.unflatten(tree, _back(cp, results, restore, leaves))

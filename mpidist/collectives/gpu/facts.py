@@ -1,7 +1,8 @@
-"""Per-engine GPU state: the job's facts (gathered once, identical on every rank) and the NCCL
-communicator of this node.
+"""Per-communicator GPU state: the job's facts (gathered once, identical on every rank) and the
+NCCL communicator of this node, kept in the engine's pipeline (``pipeline.extensions["gpu"]``),
+so they go when the communicator does (``Engine.replace_comm``, ``Engine.close``).
 
-At an engine's first collective on device buffers (after the agreement check, so every rank is in
+At a pipeline's first collective on device buffers (after the agreement check, so every rank is in
 it) each rank contributes what it knows locally: whether NCCL works here and its version, whether
 its MPI reads device memory, and the PCI bus id of its GPU. One allgather makes these the job's
 facts, so the path chosen from them (paths.choose) is the same on every rank, and an error (NCCL
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,46 +82,45 @@ def job_facts(ranks: list[RankFacts], multi_rank_env: bool) -> JobFacts:
 
 @dataclass
 class EngineState:
-    """What one engine keeps for its GPU collectives."""
+    """What one pipeline (one communicator of an engine) keeps for its GPU collectives."""
     facts: JobFacts | None = None
     node_comms: dict[int, nccl.NodeComm] = field(default_factory=dict)
     told: set = field(default_factory=set)
     last_path: Any = None  # the path of the latest GPU collective (tests and diagnostics)
 
-    def job(self, cp: Any, engine: Any, device: int) -> JobFacts:
-        """The job's facts (collective over the engine's communicator the first time)."""
+    def job(self, cp: Any, pipeline: Any, device: int) -> JobFacts:
+        """The job's facts (collective over the pipeline's communicator the first time)."""
         if self.facts is None:
-            topo = engine.topology
+            topo = pipeline.topology
             ranks = topo.comm.allgather(local_facts(cp, topo.node_index, device))
             self.facts = job_facts(ranks, multi_rank_gpu_enabled())
         return self.facts
 
-    def node_comm(self, cp: Any, engine: Any, call: Any, device: int) -> nccl.NodeComm:
+    def node_comm(self, cp: Any, pipeline: Any, call: Any, device: int) -> nccl.NodeComm:
         """This node's NCCL communicator on ``device`` (collective over the node the first time)."""
         found = self.node_comms.get(device)
         if found is None:
-            topo = engine.topology
+            topo = pipeline.topology
             found = nccl.create(cupy_arrays.load_nccl(), cp, topo.local, topo.local_rank, topo.local_size,
                                 device, call)
             self.node_comms[device] = found
-            if engine.rank == 0:
+            if topo.rank == 0:
                 _log.info("mpidist: NCCL %s communicator built over the %d rank(s) of each node",
                           nccl.version_text(found.version), topo.local_size)
         return found
 
-    def tell_once(self, engine: Any, key: Any, message: str, *args: Any) -> None:
-        """Log ``message`` once per engine and key, on rank 0 only."""
+    def tell_once(self, pipeline: Any, key: Any, message: str, *args: Any) -> None:
+        """Log ``message`` once per pipeline and key, on rank 0 only."""
         if key not in self.told:
             self.told.add(key)
-            if engine.rank == 0:
+            if pipeline.topology.rank == 0:
                 _log.info(message, *args)
 
 
-_states: "weakref.WeakKeyDictionary[Any, EngineState]" = weakref.WeakKeyDictionary()
-
-
-def state(engine: Any) -> EngineState:
-    found = _states.get(engine)
+def state(owner: Any) -> EngineState:
+    """The GPU state of a pipeline, or of an engine's current pipeline (``owner.pipeline``)."""
+    pipeline = getattr(owner, "pipeline", owner)
+    found = pipeline.extensions.get("gpu")
     if found is None:
-        found = _states[engine] = EngineState()
+        found = pipeline.extensions["gpu"] = EngineState()
     return found

@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..ops import Op
+from ..algorithms.flat import displacements
+from ..ops import REDUCTIONS, Op
 from . import nccl, transports
 from .nccl import BYTES, Rule
-from .transports import MPI_OPS, Env, _displacements
+from .transports import Env
 
 
 class HierarchicalTransport:
@@ -58,7 +59,7 @@ class HierarchicalTransport:
         transports.stage_to_device(env, host, buf)
 
     def _cross_allreduce(self, comm: Any, buf: Any, rule: Rule) -> None:
-        self._mpi(comm, "Allreduce", buf, MPI.IN_PLACE, buf, MPI_OPS[rule.red])
+        self._mpi(comm, "Allreduce", buf, MPI.IN_PLACE, buf, REDUCTIONS[rule.red])
 
     # -- the transport methods --------------------------------------------------------------------
 
@@ -102,13 +103,13 @@ class HierarchicalTransport:
 
     def allgatherv(self, send: Any, recv: Any, counts: np.ndarray) -> None:
         counts_ = [int(c) for c in counts]
-        start = _displacements(counts_)[self.env.rank]
+        start = displacements(counts_)[self.env.rank]
         mine = self.env.cp.zeros(recv.size, dtype=recv.dtype)
         mine[start:start + counts_[self.env.rank]] = send
         self.allreduce(mine, recv, BYTES)
 
     def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
-        start = _displacements(counts)[self.env.rank]
+        start = displacements(counts)[self.env.rank]
         total = self.env.cp.empty_like(send)
         self.allreduce(send, total, rule)
         recv[...] = total[start:start + counts[self.env.rank]]

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ...errors import GpuUnavailableError
+from ...validation import check_choice
+from ..options import IMPLEMENTATIONS
 
 
 class Path(enum.Enum):
@@ -55,17 +57,13 @@ class JobFacts:
     cuda_aware: bool              # every rank's MPI reads device memory
 
 
-IMPLEMENTATIONS = ("auto", "ring", "nccl")
 _current: contextvars.ContextVar[tuple[str, str | None]] = contextvars.ContextVar(
     "mpidist_gpu_implementation", default=("auto", None))
 
 
 def parse_implementation(value: Any, where: str = "implementation") -> str:
     """"auto", "ring" or "nccl" from a string or an enum (ours or TensorFlow's CommunicationImplementation)."""
-    name = getattr(value, "name", value)
-    if isinstance(name, str) and name.strip().lower() in IMPLEMENTATIONS:
-        return name.strip().lower()
-    raise ValueError(f"{where}: `implementation` must be one of AUTO, RING, NCCL, got {value!r}")
+    return check_choice(value, where, "implementation", IMPLEMENTATIONS, upper=True)
 
 
 @contextlib.contextmanager

@@ -15,15 +15,13 @@ import time
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from ...errors import deadline_exceeded
 from ..algorithms import flat
-from ..ops import Op
+from ..ops import REDUCTIONS, Op
 from . import cupy_arrays, nccl
 from .nccl import Rule
 
-MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _NAP = 1e-4
 
 
@@ -96,7 +94,7 @@ class MpiTransport:
         return contextlib.nullcontext()
 
     def allreduce(self, send: Any, recv: Any, rule: Rule) -> None:
-        ctx, mop = self.env.ctx, MPI_OPS[rule.red]
+        ctx, mop = self.env.ctx, REDUCTIONS[rule.red]
         if self.device:  # flat and hierarchical allreduce touch only these two buffers
             self.env.wait()
             ctx.algorithm(send.nbytes).allreduce(ctx, send, recv, mop)
@@ -117,7 +115,7 @@ class MpiTransport:
             stage_to_device(self.env, host, buf)
 
     def reduce(self, send: Any, recv: Any | None, rule: Rule, root: int) -> None:
-        ctx, mop = self.env.ctx, MPI_OPS[rule.red]
+        ctx, mop = self.env.ctx, REDUCTIONS[rule.red]
         if self.device:  # the host algorithms' hierarchical reduce uses host temporaries: flat here
             self.env.wait()
             flat.reduce(ctx, send, recv, mop, root)
@@ -138,7 +136,7 @@ class MpiTransport:
         stage_to_device(self.env, hrecv, recv)
 
     def reduce_scatter(self, send: Any, recv: Any, counts: list[int], rule: Rule) -> None:
-        ctx, mop = self.env.ctx, MPI_OPS[rule.red]
+        ctx, mop = self.env.ctx, REDUCTIONS[rule.red]
         if self.device:
             self.env.wait()
             flat.reduce_scatter(ctx, send, recv, counts, mop)
@@ -146,14 +144,6 @@ class MpiTransport:
         hrecv = _host_like(recv)
         ctx.algorithm(send.nbytes).reduce_scatter(ctx, stage_to_host(self.env, send), hrecv, counts, mop)
         stage_to_device(self.env, hrecv, recv)
-
-
-def _displacements(counts: list[int]) -> list[int]:
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return out
 
 
 class NcclTransport:
@@ -185,7 +175,7 @@ class NcclTransport:
         if len(set(counts_)) == 1:
             self.node.allgather(send, recv, stream)
             return
-        displs = _displacements(counts_)
+        displs = flat.displacements(counts_)
         with self.node.group():  # allgatherv as one broadcast per rank, launched together
             for r, (c, d) in enumerate(zip(counts_, displs)):
                 if c:
@@ -198,7 +188,7 @@ class NcclTransport:
             self.node.reduce_scatter(send, recv, rule, self.env.stream)
             return
         # Unequal blocks: pad every block to the largest; padded slots only meet padded slots.
-        m, displs = max(counts), _displacements(counts)
+        m, displs = max(counts), flat.displacements(counts)
         padded = cp.zeros(m * len(counts), dtype=rule.wire)
         for r, (c, d) in enumerate(zip(counts, displs)):
             padded[r * m:r * m + c] = send[d:d + c]

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Mapping
 
-from ._base import Launcher
+from .base import Launcher
 from . import mpich, openmpi, slurm
 
 __all__ = ["Launcher", "detect", "check_world_size"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._base import Launcher, int_var
+from .base import Launcher, int_var
 
 
 def detect(env: Mapping[str, str]) -> Launcher | None:

@@ -1,0 +1,156 @@
+"""Per-call options of one collective: :class:`CallOptions`, and what they resolve to.
+
+One type carries what a collective gets besides its data, from every layer: the engine's keyword
+arguments (``bytes_per_pack=``, ``num_packs=``, ``algorithm=``, ``timeout_seconds=``) are turned
+into one; ``CommunicationOptions.call_options()`` gives one; the TensorFlow bridge passes one.
+Every field means "not set here" when None (``implementation``: when "auto"), so the defaults in
+``mpidist.rc`` apply. ``timeout_seconds=0`` means no deadline, over ``rc.timeout_seconds``
+(see mpidist/validation.py for the one meaning of each value).
+
+:meth:`CallOptions.resolve` turns options into :class:`Resolved`: every field concrete, the
+defaults filled in, the deadline as seconds or None (no deadline). That is what the pipeline,
+the agreement key and the collective modules use.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .._config import rc
+from ..validation import (NO_DEADLINE, check_bytes_per_pack, check_choice, check_num_packs,
+                          check_timeout)
+
+ALGORITHMS = ("auto", "flat", "hierarchical")
+
+
+class CommunicationImplementation(enum.Enum):
+    """``tf.distribute.experimental.CommunicationImplementation``: AUTO, RING (MPI only) or NCCL
+    (for device buffers). Defined here, at the bottom, and re-exported by mpidist.cross_device;
+    :class:`CallOptions` and the GPU path carry it as its lower-case name (:data:`IMPLEMENTATIONS`)."""
+
+    AUTO = "AUTO"
+    RING = "RING"
+    NCCL = "NCCL"
+
+
+IMPLEMENTATIONS = tuple(m.name.lower() for m in CommunicationImplementation)  # "auto", "ring", "nccl"
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one collective gets besides the data; None (``implementation``: "auto") = the default.
+
+    ``bytes_per_pack``: pack size in bytes (0: automatic); ``num_packs``: split each dtype group
+    into this many packs (0: every leaf alone; not with ``bytes_per_pack``); ``algorithm``: auto,
+    flat or hierarchical; ``timeout_seconds``: deadline of the whole collective (0: none);
+    ``implementation``: for device buffers, auto, ring (MPI only) or nccl.
+    """
+
+    bytes_per_pack: int | None = None
+    timeout_seconds: float | None = None
+    implementation: str = "auto"
+    num_packs: int | None = None
+    algorithm: str | None = None
+
+    def __post_init__(self) -> None:
+        checked = _checked("CallOptions", self.bytes_per_pack, self.num_packs, self.algorithm,
+                           self.timeout_seconds, self.implementation)
+        for name, value in zip(_FIELDS, checked):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def checked(cls, where: str, *, bytes_per_pack: Any = None, num_packs: Any = None, algorithm: Any = None,
+                timeout_seconds: Any = None, implementation: Any = "auto") -> "CallOptions":
+        """CallOptions from loose arguments, errors naming ``where`` (e.g. "allreduce")."""
+        checked = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, implementation)
+        made = cls.__new__(cls)  # checked already: skip __post_init__'s second check
+        for name, value in zip(_FIELDS, checked):
+            object.__setattr__(made, name, value)
+        return made
+
+    def merged(self, over: "CallOptions | None") -> "CallOptions":
+        """``over``'s fields that are set, over this one's."""
+        if over is None:
+            return self
+        if over.bytes_per_pack or over.num_packs is not None:
+            bpp, npk = over.bytes_per_pack, over.num_packs
+        else:
+            bpp, npk = self.bytes_per_pack, self.num_packs
+        return CallOptions(bpp, self.timeout_seconds if over.timeout_seconds is None else over.timeout_seconds,
+                           self.implementation if over.implementation == "auto" else over.implementation, npk,
+                           self.algorithm if over.algorithm is None else over.algorithm)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The set fields as the engine's keyword arguments (what upper layers used to pass)."""
+        out: dict[str, Any] = {}
+        if self.bytes_per_pack:
+            out["bytes_per_pack"] = self.bytes_per_pack
+        if self.num_packs is not None:
+            out["num_packs"] = self.num_packs
+        if self.algorithm is not None:
+            out["algorithm"] = self.algorithm
+        if self.timeout_seconds is not None:
+            out["timeout_seconds"] = self.timeout_seconds
+        return out
+
+    def resolve(self) -> "Resolved":
+        """Every field concrete, rc's defaults filled in (read now: rc may have changed)."""
+        timeout = rc.timeout_seconds if self.timeout_seconds is None else self.timeout_seconds
+        return Resolved(rc.bytes_per_pack if self.bytes_per_pack is None else self.bytes_per_pack,
+                        self.num_packs, rc.algorithm if self.algorithm is None else self.algorithm,
+                        None if timeout == NO_DEADLINE else timeout, self.implementation)
+
+
+_FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation")  # _checked's order
+
+
+def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, timeout_seconds: Any,
+             implementation: Any) -> tuple:
+    # (None and "auto" are the common values: skip the calls for them)
+    bpp = None if bytes_per_pack is None else check_bytes_per_pack(bytes_per_pack, where)
+    npk = None if num_packs is None else check_num_packs(num_packs, where)
+    if bpp and npk is not None:
+        raise ValueError(f"{where}: give `bytes_per_pack` or `num_packs`, not both "
+                         f"(got {bytes_per_pack!r} and {num_packs!r})")
+    alg = None if algorithm is None else check_choice(algorithm, where, "algorithm", ALGORITHMS)
+    impl = "auto" if implementation == "auto" else \
+        check_choice(implementation, where, "implementation", IMPLEMENTATIONS, upper=True)
+    return bpp, npk, alg, None if timeout_seconds is None else check_timeout(timeout_seconds, where), impl
+
+
+class Resolved:
+    """Options with every field concrete: ``timeout`` is the deadline in seconds or None (none)."""
+
+    __slots__ = ("bytes_per_pack", "num_packs", "algorithm", "timeout", "implementation")
+
+    def __init__(self, bytes_per_pack: int, num_packs: int | None, algorithm: str, timeout: float | None,
+                 implementation: str = "auto") -> None:
+        self.bytes_per_pack, self.num_packs, self.algorithm = bytes_per_pack, num_packs, algorithm
+        self.timeout, self.implementation = timeout, implementation
+
+    @staticmethod
+    def defaults() -> "Resolved":
+        """rc's defaults (the hot path: no per-call options); shared, rebuilt when rc changes."""
+        cached = _defaults[0]
+        if cached is None or _defaults[1] != rc.generation:
+            cached = _defaults[0] = Resolved(rc.bytes_per_pack, None, rc.algorithm, rc.timeout_seconds)
+            _defaults[1] = rc.generation
+        return cached
+
+    @staticmethod
+    def from_arguments(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any,
+                       timeout_seconds: Any) -> "Resolved":
+        """The engine's keyword arguments, checked and resolved (no CallOptions in between)."""
+        bpp, npk, alg, timeout, _ = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, "auto")
+        if timeout is None:
+            timeout = rc.timeout_seconds
+        return Resolved(rc.bytes_per_pack if bpp is None else bpp, npk, rc.algorithm if alg is None else alg,
+                        None if timeout == NO_DEADLINE else timeout)
+
+    def __repr__(self) -> str:
+        return (f"Resolved(bytes_per_pack={self.bytes_per_pack}, num_packs={self.num_packs}, "
+                f"algorithm={self.algorithm!r}, timeout={self.timeout}, implementation={self.implementation!r})")
+
+
+_defaults: list[Any] = [None, -1]  # (Resolved of rc's defaults, rc.generation it was built at)

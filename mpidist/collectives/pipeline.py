@@ -1,0 +1,229 @@
+"""The pipeline of one engine: every step a collective takes besides moving its data, and
+everything derived from the engine's communicator, in one object.
+
+Every collective, on host buffers (engine.py), device buffers (gpu/dispatch.py) or the cached
+fast path (fastpath.py), takes the same steps through the same public methods:
+
+1. :meth:`Pipeline.check_usable`: refuse if an earlier collective timed out (the ranks may be
+   inside different collectives) or the engine was closed;
+2. prepare: the caller turns its leaves into contiguous arrays and resolves its
+   :class:`~mpidist.collectives.options.CallOptions` (this module does not care how);
+3. :meth:`Pipeline.execute`: **agree** (one 16-byte allreduce checks that every rank issues the
+   same collective, ``rc.check_agreement``; see agreement.py), **run** the collective's data steps
+   through a :class:`Call`, **record** it on the timeline (``rc.timeline``);
+4. :meth:`Pipeline.mark_broken`: a step that missed its deadline marks the pipeline broken
+   (the :class:`~mpidist.collectives.deadline.Caller` of each call does it).
+
+A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topology.Topology`
+(the private clone, node and leader communicators), the agreement's hash cache, the stall
+monitor (``rc.stall_seconds``), the timeline track, the fast path's cache and, in
+``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py). So swapping an
+engine's communicator is building a new Pipeline (``Engine.replace_comm``), and :meth:`close`
+frees all of it.
+"""
+from __future__ import annotations
+
+import contextlib
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .._config import rc
+from ..errors import CommunicatorBrokenError
+from ..topology import Topology
+from . import agreement, nest, packing, stall, timeline
+from .algorithms import choose
+from .deadline import Caller
+from .fastpath import FastPaths
+from .ops import Op
+from .options import Resolved
+
+
+class Call:
+    """What one collective's data steps need: its name, topology, MPI caller, packing and algorithm.
+
+    The collective modules (allreduce.py ...) and the GPU transports read ``where``, ``topo``,
+    ``call``, ``size``, :meth:`plan` and :meth:`algorithm`; ``notes`` collects extra timeline
+    fields (the GPU path writes ``path`` there).
+    """
+
+    __slots__ = ("where", "topo", "call", "size", "algorithm_name", "threshold", "bytes_per_pack", "num_packs",
+                 "notes")
+
+    def __init__(self, where: str, topo: Topology, call: Caller, options: Resolved) -> None:
+        self.where, self.topo, self.call, self.size = where, topo, call, topo.size
+        self.algorithm_name, self.threshold = options.algorithm, rc.hierarchical_threshold
+        self.bytes_per_pack, self.num_packs = options.bytes_per_pack, options.num_packs
+        self.notes: dict[str, Any] | None = None
+
+    def plan(self, nbytes: list[int], groups: list[Any]) -> list[list[int]]:
+        return packing.plan(nbytes, groups, self.bytes_per_pack, self.num_packs)
+
+    def algorithm(self, nbytes: int) -> ModuleType:
+        return choose(self.algorithm_name, self.topo, nbytes, self.threshold)
+
+
+class Pipeline:
+    """The steps and communicator-derived state of one engine; see the module docstring."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.broken: str | None = None  # why collectives are refused, or None while usable
+        self.monitor = stall.Monitor(topology.comm) if stall.enabled() else None
+        self.fast = FastPaths(self)
+        # Other packages' per-communicator state, dropped with the pipeline (the GPU path keeps its
+        # job facts and NCCL communicators here); values with a close() method are closed by close().
+        self.extensions: dict[str, Any] = {}
+        self._hashes: dict[tuple, int] = {}
+        self._track: tuple[Any, int] | None = None  # (timeline recorder, this pipeline's thread id there)
+
+    @property
+    def comm(self) -> Any:
+        return self.topology.comm
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    # -- 1. usable? --------------------------------------------------------------------------------
+
+    def check_usable(self, where: str) -> None:
+        """Raise CommunicatorBrokenError if this pipeline refuses collectives."""
+        if self.broken is not None:
+            raise CommunicatorBrokenError(
+                f"{where}: this communicator refuses collectives because {self.broken}. "
+                f"Its ranks may be inside different collectives; end the job, or give the engine a fresh "
+                f"communicator (Engine.replace_comm) or build a new strategy/engine on one.")
+
+    def mark_broken(self, reason: str) -> None:
+        """Refuse every later collective, saying ``reason`` (a missed deadline; close)."""
+        self.broken = reason
+
+    @contextlib.contextmanager
+    def watched(self, where: str) -> Iterator[None]:
+        """The stall monitor's view of this rank: inside collective ``where`` (no-op when off)."""
+        monitor = self.monitor
+        if monitor is None:
+            yield
+            return
+        monitor.enter(where)
+        try:
+            yield
+        finally:
+            monitor.leave()
+
+    # -- 3. agree, run, record ---------------------------------------------------------------------
+
+    def caller(self, where: str, timeout: float | None) -> Caller:
+        """The MPI caller of one collective: blocking, or against the deadline (then it marks broken)."""
+        return Caller(where, timeout, self.mark_broken)
+
+    def execute(self, where: str, module: ModuleType, arrays: list[Any], tree: Any, op_root: tuple,
+                options: Resolved, run: Callable[[Call], Any], *, rec: Any = None, start: float = 0.0,
+                variant: str | None = None) -> Any:
+        """Agree on the collective, ``run(call)`` its data steps, record it; returns what run returns.
+
+        ``module``: the collective's module (its ``signature`` of the arrays is agreed on);
+        ``arrays``: the prepared leaves; ``tree``: the nest's structure (nest.flatten);
+        ``op_root``: (op value or None, root or None); ``variant``: what else ranks must agree on
+        (the GPU path's implementation); ``rec``/``start``: the timeline recorder and the
+        collective's start mark, when recording.
+        """
+        call = Caller(where, options.timeout, self.mark_broken)
+        ctx = Call(where, self.topology, call, options)
+        prepared = agreed = None  # timeline marks: end of prepare, end of agreement
+        if rc.check_agreement:
+            key = self.key(where, op_root, structure_of(tree), module.signature(arrays),
+                           options.algorithm if variant is None else f"{options.algorithm}|{variant}",
+                           options.bytes_per_pack, options.num_packs, options.timeout is not None)
+            prepared = rec.now() if rec is not None else None
+            agreement.agree(self.topology.comm, call, key, self._hashes, self.describe, where)
+        if rec is not None:
+            prepared, agreed = timeline.agreed(rec, prepared, call)
+        results = run(ctx)
+        if rec is not None:
+            self.record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, options.algorithm,
+                        ctx.notes)
+        return results
+
+    @staticmethod
+    def key(where: str, op_root: tuple, structure: str, signature: tuple, alg: str, bpp: int,
+            npk: int | None, deadline: bool) -> tuple:
+        """What ranks must agree on (see agreement.py and :meth:`describe`)."""
+        return (where, op_root, structure, signature, alg,
+                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline)
+
+    def agreement_hash(self, key: tuple) -> int:
+        """The agreement hash of ``key`` (cached), for callers that agree with a precomputed hash."""
+        return agreement.signature_hash(key, self._hashes)
+
+    @staticmethod
+    def describe(key: tuple) -> str:
+        """A :meth:`key` as text, for mismatch errors; the raw key where a dtype has no NumPy name."""
+        try:
+            return _describe(key)
+        except Exception:  # a dtype NumPy cannot name from its code (bfloat16): show the raw key
+            return repr(key)
+
+    def record(self, rec: Any, where: str, start: float, prepared: float, agreed: float | None,
+               steps: Any, arrays: list[Any], op_root: tuple, alg: str, notes: dict | None = None) -> None:
+        """Write one collective to the timeline (see timeline.py); ``notes``: extra fields."""
+        if self._track is None or self._track[0] is not rec:
+            topo = self.topology
+            self._track = (rec, rec.engine(f"engine {id(self) & 0xffff:04x}: {topo.size} ranks, "
+                                           f"{topo.num_nodes} node(s), rank {topo.rank} here"))
+        args: dict[str, Any] = {"leaves": len(arrays), "bytes": sum([a.nbytes for a in arrays]),
+                                "algorithm": alg, "transfers": len(steps.items)}
+        op, root = op_root
+        if op is not None:
+            args["op"] = Op(op).name
+        if root is not None:
+            args["root"] = root
+        if notes:
+            args.update(notes)
+        timeline.write_collective(rec, self._track[1], where, start, prepared, agreed, steps, rec.now(), args)
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    def close(self, reason: str = "the engine was closed", *, free: bool = True) -> None:
+        """Refuse further collectives; with ``free``, free the communicators (collective)."""
+        self.mark_broken(reason)
+        self.fast.clear()
+        if self.monitor is not None:
+            self.monitor.close(free=free)
+            self.monitor = None
+        for extension in self.extensions.values():
+            if hasattr(extension, "close"):
+                extension.close()
+        self.extensions.clear()
+        if free:
+            self.topology.free()
+
+
+def structure_of(tree: Any) -> str:
+    """The agreement text of a nest's structure ("*" for a single leaf)."""
+    return "*" if tree is nest.LEAF else nest.structure_key(tree)
+
+
+def _describe(key: tuple) -> str:
+    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline = key
+    parts = []
+    if op is not None:
+        parts.append(f"op={Op(op).name}")
+    if root is not None:
+        parts.append(f"root={root}")
+    shown = [f"{np.dtype(d).name}{tuple(s)}".replace("'?'", "?") for d, s in leaves[:6]]
+    if len(leaves) > 6:
+        shown.append(f"... {len(leaves)} leaves in all")
+    parts.append(f"leaves=[{', '.join(shown)}]")
+    if structure not in ("*", "[" + ",".join("*" * len(leaves)) + "]"):
+        parts.append(f"structure={structure[:120]}")
+    parts.append(f"algorithm={alg}" + (f"(threshold={threshold})" if threshold is not None else ""))
+    parts.append(f"bytes_per_pack={bpp}" + (f", num_packs={npk}" if npk is not None else ""))
+    parts.append("with a deadline" if deadline else "no deadline")
+    return f"{where}({', '.join(parts)})"

@@ -1,0 +1,123 @@
+"""Argument checks shared by every layer: one function per kind of value, one message format.
+
+This is the bottom layer: it imports nothing from mpidist, so topology, collectives, the settings
+(``mpidist.rc``) and the layers above all use the same checks. Each function returns the value in
+its normal form or raises ``ValueError`` (``TypeError`` where noted) whose message names the
+caller (``where``), the argument, what was expected and what came::
+
+    NcclAllReduce: `num_packs` must be an integer >= 0, got -1
+
+Integers are Python ints or NumPy integers (``numbers.Integral``), never bools; numbers are
+ints, floats or NumPy numbers, never bools.
+
+**One meaning per value of ``timeout_seconds``**, in every layer (engine calls, CallOptions,
+CommunicationOptions, ``rc.timeout_seconds`` and ``MPIDIST_TIMEOUT_SECONDS``):
+
+- ``None``: not set here; the next default applies (a call's options, then the strategy's
+  CommunicationOptions, then ``rc.timeout_seconds``; ``rc``'s own ``None`` means no deadline);
+- ``0``: no deadline, whatever the defaults say (TensorFlow documents 0 as "no timeout");
+- ``> 0``: the deadline of each collective, in seconds.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+NO_DEADLINE = 0.0  # what check_timeout returns for "no deadline, whatever the defaults say"
+
+
+def is_integer(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool."""
+    if type(value) is int:  # the common case, without the ABC check
+        return True
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (Python or NumPy), not a bool."""
+    if type(value) is float or type(value) is int:  # the common cases, without the ABC check
+        return True
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def check_nonneg_int(value: Any, where: str, name: str, *, optional: bool = False) -> int | None:
+    """An integer >= 0 as a Python int; ``None`` passes through when ``optional``."""
+    if value is None and optional:
+        return None
+    if not is_integer(value) or value < 0:
+        raise ValueError(f"{where}: `{name}` must be an integer >= 0{' or None' if optional else ''}, got {value!r}")
+    return int(value)
+
+
+def check_bytes_per_pack(value: Any, where: str, *, optional: bool = False) -> int | None:
+    """``bytes_per_pack``: an integer >= 0 (0: automatic packing); None when ``optional``."""
+    return check_nonneg_int(value, where, "bytes_per_pack", optional=optional)
+
+
+def check_num_packs(value: Any, where: str, *, optional: bool = False) -> int | None:
+    """``num_packs``: an integer >= 0 (0: every leaf alone); None when ``optional``."""
+    return check_nonneg_int(value, where, "num_packs", optional=optional)
+
+
+def check_timeout(value: Any, where: str, name: str = "timeout_seconds") -> float | None:
+    """``timeout_seconds`` (see the module docstring): None stays None, 0 gives ``NO_DEADLINE``
+    (0.0), a number > 0 gives float seconds; anything else is a ValueError."""
+    if value is None:
+        return None
+    if not is_number(value) or not value >= 0 or value != value:
+        raise ValueError(f"{where}: `{name}` must be None, 0 (no deadline) or seconds > 0, got {value!r}")
+    return float(value)
+
+
+def parse_timeout_text(value: Any, where: str, name: str) -> float | None:
+    """:func:`check_timeout` for a setting that may come as text (environment variables):
+    "", "none" and "0" mean no deadline (None), other text must be a number >= 0."""
+    number = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("", "none"):
+            return None
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is None or not number >= 0:
+            raise ValueError(f"{where}: `{name}` must be None, 0 (no deadline) or seconds > 0, got {value!r}")
+    seconds = check_timeout(number, where, name)
+    return None if seconds == NO_DEADLINE else seconds
+
+
+def check_choice(value: Any, where: str, name: str, allowed: Iterable[str], *, upper: bool = False) -> str:
+    """One of ``allowed`` (lower-case names), given in any case or as an enum member with that name;
+    ``upper``: the message shows the names in upper case (enum-like options: AUTO, RING, NCCL)."""
+    allowed = tuple(allowed)
+    text = getattr(value, "name", value)
+    if isinstance(text, str) and text.strip().lower() in allowed:
+        return text.strip().lower()
+    shown = ", ".join(a.upper() if upper else a for a in allowed)
+    raise ValueError(f"{where}: `{name}` must be one of {shown}, got {value!r}")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def check_flag(value: Any, where: str, name: str) -> bool:
+    """A boolean, given as a bool or as text (1/0, true/false, yes/no, on/off)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{where}: `{name}` must be a boolean (1/0, true/false), got {value!r}")
+
+
+def check_rank(value: Any, where: str, name: str, size: int) -> int:
+    """A rank of a communicator of ``size`` ranks, as a Python int."""
+    if type(value) is int and 0 <= value < size:
+        return value
+    if not is_integer(value) or not 0 <= value < size:
+        raise ValueError(f"{where}: `{name}` must be a rank in [0, {size}), got {value!r}")
+    return int(value)
