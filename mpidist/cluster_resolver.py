@@ -38,7 +38,8 @@ from typing import Any, Sequence
 
 from mpi4py import MPI
 
-from .topology import validate_comm
+from ._config import rc
+from .topology import abort, validate_comm
 
 __all__ = ["MPIClusterResolver"]
 
@@ -123,6 +124,8 @@ class MPIClusterResolver:
         self._control: MPI.Intracomm | None = None
         self._end: MPI.Request | None = None
         if self._roles is not None:  # the job's end is one barrier on a communicator of our own
+            if rc.abort_on_error:  # servers wait in join(): a failing chief must end the job
+                abort.install()
             self._control = self.comm.Dup()
             atexit.register(self._at_exit)
 
