@@ -5,6 +5,7 @@ from mpi4py import MPI
 
 from ..collectives import Engine
 from ..cross_device import CommunicationOptions
+from . import context
 from .base import Strategy
 
 _default: list[Strategy] = []
@@ -21,3 +22,6 @@ def default_strategy() -> Strategy:
     if not _default:
         _default.append(_DefaultDistributionStrategy())
     return _default[0]
+
+
+context.register_default(default_strategy)
