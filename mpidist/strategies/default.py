@@ -17,6 +17,9 @@ class _DefaultDistributionStrategy(Strategy):
     def __init__(self) -> None:
         super().__init__(Engine(MPI.COMM_SELF), CommunicationOptions())
 
+    def close(self) -> None:
+        """Does nothing: the default strategy stays usable for the whole program."""
+
 
 def default_strategy() -> Strategy:
     if not _default:

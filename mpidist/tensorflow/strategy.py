@@ -39,6 +39,7 @@ class MPIStrategy(tf.distribute.Strategy):
                  scope_device: str | None = None) -> None:
         self._kind = kind
         self._engine_ref = engine
+        self._engine_closed = False
         extended = MPIExtended(self, engine, options, device, scope_device,
                                central_storage=kind == "CentralStorageStrategy")
         super().__init__(extended)
@@ -51,6 +52,19 @@ class MPIStrategy(tf.distribute.Strategy):
     @property
     def engine(self) -> Any:
         return self._engine_ref
+
+    def close(self) -> None:
+        """Free the communicators of the strategy's engine (collective); collectives raise afterwards,
+        and closing again does nothing. ``with strategy:`` closes at the end of the block."""
+        if not self._engine_closed:
+            self._engine_closed = True
+            self._engine_ref.close()
+
+    def __enter__(self) -> "MPIStrategy":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     def _require_cross_replica(self, where: str, instead: str) -> None:
         context = tf.distribute.get_replica_context()
