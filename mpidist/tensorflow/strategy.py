@@ -39,7 +39,6 @@ class MPIStrategy(tf.distribute.Strategy):
                  scope_device: str | None = None) -> None:
         self._kind = kind
         self._engine_ref = engine
-        self._engine_closed = False
         extended = MPIExtended(self, engine, options, device, scope_device,
                                central_storage=kind == "CentralStorageStrategy")
         super().__init__(extended)
@@ -56,9 +55,10 @@ class MPIStrategy(tf.distribute.Strategy):
     def close(self) -> None:
         """Free the communicators of the strategy's engine (collective); collectives raise afterwards,
         and closing again does nothing. ``with strategy:`` closes at the end of the block."""
-        if not self._engine_closed:
+        if not getattr(self, "_engine_closed", False):
             self._engine_closed = True
-            self._engine_ref.close()
+            if self._engine_ref.topology.comm is not None:  # not closed through a copy of this strategy
+                self._engine_ref.close()
 
     def __enter__(self) -> "MPIStrategy":
         return self
