@@ -3,7 +3,8 @@ anything the engine's array adapters take).
 
 When TensorFlow has been imported, the concrete strategies build mpidist's genuine
 ``tf.distribute.Strategy`` subclasses instead (see backends.py); the API is the same, and
-``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for either.
+``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for either
+(docs/design.md, "Strategies in two modes").
 """
 from __future__ import annotations
 
