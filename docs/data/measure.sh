@@ -8,7 +8,7 @@ reps=${1:-5}
 out=${2:-docs/data}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun="mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1"
-sweep="python -m mpidist bench sweep --collectives allreduce --min 64 --max 64MB --factor 4 --seconds 1 --json"
+sweep="python -m tools.sweep --collectives allreduce --min 64 --max 64MB --factor 4 --seconds 1 --json"
 for rep in $(seq 1 "$reps"); do
   echo "r$rep n2 $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/loadavg.txt"
   $mpirun -n 2 $sweep > "$out/sweep-n2-r$rep.json"

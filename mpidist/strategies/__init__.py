@@ -1,4 +1,5 @@
 """Strategies layer: contexts, Strategy/StrategyExtended, the concrete strategies."""
+from . import default  # registers the default strategy with context
 from .base import Strategy, StrategyExtended
 from .concrete import (CentralStorageStrategy, ExperimentalMultiWorkerMirroredStrategy, MirroredStrategy,
                        MultiWorkerMirroredStrategy, OneDeviceStrategy)

@@ -2,11 +2,14 @@
 anything the engine's array adapters take).
 
 When TensorFlow has been imported, the concrete strategies build mpidist's genuine
-``tf.distribute.Strategy`` subclasses instead (see backends.py); the API is the same.
+``tf.distribute.Strategy`` subclasses instead (see backends.py); the API is the same, and
+``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for either
+(docs/design.md, "Strategies in two modes").
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterator
 
 from mpi4py import MPI
@@ -14,6 +17,7 @@ from mpi4py import MPI
 from ..collectives import Engine
 from ..cross_device import (CommunicationOptions, CrossDeviceOps, MPIAllReduce, ReduceOp, as_options,
                             as_reduce_op)
+from .._config import rc
 from ..values import PerReplica, ValueContext
 from . import context
 from .context import hints_and_options
@@ -32,6 +36,59 @@ def _input(where: str) -> Any:
     if not _input_layer:
         raise RuntimeError(f"{where}: the input layer is not loaded; `import mpidist` loads it")
     return _input_layer[0]
+
+
+# A strategy built in TensorFlow mode -> the mpidist class whose constructor built it.
+_built_by: "weakref.WeakKeyDictionary[Any, type]" = weakref.WeakKeyDictionary()
+_frameworks: dict[type, str] = {}  # class -> the framework it always builds on (class keyword `framework=`)
+
+
+class StrategyType(type):
+    """The metaclass of mpidist's strategies.
+
+    With TensorFlow imported, ``mpidist.MultiWorkerMirroredStrategy(...)`` returns a genuine
+    ``tf.distribute.Strategy``, which cannot also derive from this module's classes. This metaclass
+    remembers which class built such an object, so that ``isinstance(s, C)`` is true when ``C`` is
+    that class or one of its bases (``mpidist.Strategy`` included), in both modes.
+
+    A subclass declared with ``framework="numpy"`` or ``framework="tensorflow"`` builds on that
+    framework whatever ``rc.framework`` says (``mpidist.numpy``, ``mpidist.tensorflow``), and its
+    instances are the strategies of its base class built on that framework, however they were built.
+    """
+
+    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> "StrategyType":
+        cls = super().__new__(mcs, name, bases, namespace)
+        framework = framework or next((_frameworks[b] for b in bases if b in _frameworks), None)
+        if framework is not None:
+            if framework not in ("numpy", "tensorflow"):
+                raise ValueError(f"{name}: `framework` must be 'numpy' or 'tensorflow', got {framework!r}")
+            _frameworks[cls] = framework
+        return cls
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        framework = _frameworks.get(cls)
+        if framework is None:
+            strategy = super().__call__(*args, **kwargs)
+        else:
+            with rc.override(framework=framework):
+                strategy = super().__call__(*args, **kwargs)
+        if not type.__instancecheck__(cls, strategy):  # built on TensorFlow: not one of ours by type
+            _built_by[strategy] = cls
+        return strategy
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        framework = _frameworks.get(cls)
+        if framework is not None:  # mpidist.numpy.X / mpidist.tensorflow.X: mpidist.X on that framework
+            base = next(c for c in cls.__mro__ if c not in _frameworks)
+            on_numpy = type.__instancecheck__(Strategy, instance)
+            return isinstance(instance, base) and on_numpy == (framework == "numpy")
+        if type.__instancecheck__(cls, instance):
+            return True
+        try:
+            built_by = _built_by.get(instance)
+        except TypeError:  # neither hashable nor weakly referenceable: not one we built
+            return False
+        return built_by is not None and issubclass(built_by, cls)
 
 
 class StrategyExtended:
@@ -74,10 +131,17 @@ class StrategyExtended:
         return self.worker_devices
 
     # -- communication ---------------------------------------------------------------------------
+    def _check_open(self, where: str) -> None:
+        if self._container.closed:
+            raise RuntimeError(f"{where}: the strategy was closed (strategy.close(), or the end of its `with` "
+                               f"block), which freed its communicators; build a new strategy")
+
     def _all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
+        self._check_open(f"{type(self._container).__name__}: all_reduce")
         return self._cross_device_ops._reduce(op, map_local(value), options, "all_reduce")
 
     def _gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+        self._check_open(where)
         return gather_along_axis(self._engine, value, axis, self._options.merge(options), where)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None,
@@ -101,6 +165,7 @@ class StrategyExtended:
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
+        self._check_open(f"{type(self._container).__name__}.extended.broadcast_to")
         return self._cross_device_ops.broadcast(map_local(tensor), destinations)
 
     def update(self, var: Any, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
@@ -116,15 +181,43 @@ class StrategyExtended:
         return value
 
 
-class Strategy:
-    """A distribution strategy whose replicas are the ranks of a communicator."""
+class Strategy(metaclass=StrategyType):
+    """A distribution strategy whose replicas are the ranks of a communicator.
+
+    ``close()`` (or the end of a ``with strategy:`` block) frees the communicators its engine
+    cloned; it is collective over the strategy's ranks.
+    """
 
     _extended_class = StrategyExtended
 
     def __init__(self, engine: Engine, options: CommunicationOptions,
                  cross_device_ops: CrossDeviceOps | None = None, cluster_resolver: Any = None) -> None:
+        self._closed = False
         self._extended = self._extended_class(self, engine, options, cross_device_ops)
         self._cluster_resolver = cluster_resolver
+
+    @property
+    def engine(self) -> Engine:
+        """The engine whose communicator this strategy's collectives run on."""
+        return self._extended._engine
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run: collectives then raise."""
+        return self._closed
+
+    def close(self) -> None:
+        """Free the communicators of this strategy's engine (collective: every rank of the strategy
+        calls it). Collectives raise afterwards; closing again does nothing."""
+        if not self._closed:
+            self._closed = True
+            self._extended._engine.close()
+
+    def __enter__(self) -> "Strategy":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     @property
     def extended(self) -> StrategyExtended:
@@ -164,6 +257,7 @@ class Strategy:
         """Reduce ``value`` across replicas; with ``axis``, also along that axis (MEAN: over the global
         number of elements along it)."""
         where = f"{type(self).__name__}.reduce"
+        self._extended._check_open(where)
         op = as_reduce_op(reduce_op, where)
         opts = self._extended._options.merge(hints_and_options(options, experimental_hints, where))
         if axis is None:
@@ -183,10 +277,12 @@ class Strategy:
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Per-replica batches for this rank from an iterable of global batches (see mpidist.input)."""
+        self._extended._check_open(f"{type(self).__name__}.experimental_distribute_dataset")
         return _input("experimental_distribute_dataset").distribute_dataset(self, dataset, options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any = None) -> Any:
         """``dataset_fn(InputContext)`` builds this rank's input pipeline (see mpidist.input)."""
+        self._extended._check_open(f"{type(self).__name__}.distribute_datasets_from_function")
         return _input("distribute_datasets_from_function").distribute_datasets_from_function(
             self, dataset_fn, options)
 

@@ -149,7 +149,8 @@ class MirroredStrategy(_Dispatching):
                             f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
                             f"got {type(cross_device_ops).__name__}")
         topology = Topology(validate_comm(comm, where))
-        engine = Engine(topology.local)
+        engine = Engine(topology.local)  # clones the node's communicator: ours can go
+        topology.free()
         return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}
 
 

@@ -16,6 +16,13 @@ from ..cross_device import ReduceOp, as_options, as_reduce_op
 
 _state = threading.local()
 _global_default: list[Any] = []   # experimental_set_strategy(s): the strategy current everywhere
+_default_factory: list[Callable[[], Any]] = []  # set by default.py: builds the default strategy
+
+
+def register_default(factory: Callable[[], Any]) -> None:
+    """Called by ``default.py`` (which builds on ``base.py``, which uses this module): how to get the
+    default strategy, without this module importing them back."""
+    _default_factory[:] = [factory]
 
 
 def _stack() -> list[tuple[Any, "ReplicaContext | None"]]:
@@ -55,8 +62,9 @@ def get_strategy() -> Any:
     tfd = _tf_distribute()
     if tfd is not None and tfd.has_strategy():
         return tfd.get_strategy()
-    from .default import default_strategy  # same layer; lazy to avoid building it at import
-    return default_strategy()
+    if not _default_factory:
+        raise RuntimeError("get_strategy: the default strategy is not registered; `import mpidist` registers it")
+    return _default_factory[0]()
 
 
 def has_strategy() -> bool:

@@ -4,6 +4,8 @@ Importing this package imports TensorFlow; nothing below ``mpidist/tensorflow`` 
 module only re-exports. ``make_strategy`` is the entry point the public strategy classes use.
 """
 from . import checkpoint
+from .classes import (CentralStorageStrategy, ExperimentalMultiWorkerMirroredStrategy, MirroredStrategy,
+                      MultiWorkerMirroredStrategy, OneDeviceStrategy, experimental)
 from .collectives import XlaCollectiveError
 from .extended import MPIExtended
 from .input import MPIDistributedDataset
@@ -12,4 +14,6 @@ from .replica_context import MPIReplicaContext
 from .strategy import KINDS, MPIStrategy, make_strategy
 
 __all__ = ["make_strategy", "KINDS", "MPIStrategy", "MPIExtended", "MPIReplicaContext",
-           "MPIDistributedDataset", "MPIDistributedIterator", "XlaCollectiveError", "checkpoint"]
+           "MPIDistributedDataset", "MPIDistributedIterator", "XlaCollectiveError", "checkpoint",
+           "MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "CentralStorageStrategy",
+           "ExperimentalMultiWorkerMirroredStrategy", "experimental"]

@@ -1,7 +1,7 @@
 """Every private TensorFlow symbol mpidist.tensorflow uses, imported here and nowhere else.
 
 A genuine ``tf.distribute.Strategy`` needs a few of TensorFlow's internals (found with TF 2.21 /
-Keras 3.15; see docs/DESIGN.md section 8). Each one is imported under a guard: when a TensorFlow
+Keras 3.15; see docs/design.md). Each one is imported under a guard: when a TensorFlow
 release moves or drops one, importing mpidist.tensorflow fails with an error that names the
 symbol and the TensorFlow version, instead of an AttributeError deep inside a training step.
 Optional symbols (a faster path only) fall back silently.

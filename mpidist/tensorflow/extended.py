@@ -2,7 +2,7 @@
 
 Built on ``tf.compat.v1.distribute.StrategyExtended`` (the base TensorFlow's own one-device and
 mirrored strategies use: it provides ``call_for_each_replica``, which ``Strategy.run`` calls).
-The hooks TensorFlow and Keras call are implemented here (see DESIGN.md section 8).
+The hooks TensorFlow and Keras call are implemented here (listed in docs/design.md, "Hooks").
 
 CentralStorageStrategy semantics (``central_storage=True``): variables and their updates live on
 the chief. ``extended.update`` runs the update function on rank 0 only and then broadcasts each

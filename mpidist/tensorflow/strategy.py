@@ -52,6 +52,20 @@ class MPIStrategy(tf.distribute.Strategy):
     def engine(self) -> Any:
         return self._engine_ref
 
+    def close(self) -> None:
+        """Free the communicators of the strategy's engine (collective); collectives raise afterwards,
+        and closing again does nothing. ``with strategy:`` closes at the end of the block."""
+        if not getattr(self, "_engine_closed", False):
+            self._engine_closed = True
+            if self._engine_ref.topology.comm is not None:  # not closed through a copy of this strategy
+                self._engine_ref.close()
+
+    def __enter__(self) -> "MPIStrategy":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
     def _require_cross_replica(self, where: str, instead: str) -> None:
         context = tf.distribute.get_replica_context()
         if context is not None and context.strategy is self:

@@ -225,3 +225,75 @@ def test_experimental_signature_and_cluster_resolver(comm):
     on_sub = mpidist.MultiWorkerMirroredStrategy(comm=sub)
     assert on_sub.reduce("SUM", np.array([comm.Get_rank()]), axis=None)[0] == \
         sum(r for r in range(comm.Get_size()) if r % 2 == comm.Get_rank() % 2)
+
+
+# -- one class per kind in both modes; close() ----------------------------------------------------------
+
+KINDS = [("MultiWorkerMirroredStrategy", lambda m: m.MultiWorkerMirroredStrategy),
+         ("MirroredStrategy", lambda m: m.MirroredStrategy),
+         ("OneDeviceStrategy", lambda m: m.OneDeviceStrategy),
+         ("experimental.CentralStorageStrategy", lambda m: m.experimental.CentralStorageStrategy),
+         ("experimental.MultiWorkerMirroredStrategy", lambda m: m.experimental.MultiWorkerMirroredStrategy)]
+
+
+@pytest.mark.parametrize("name, cls_of", KINDS, ids=[k[0] for k in KINDS])
+def test_isinstance_of_the_class_that_built_it(comm, name, cls_of):
+    """NumPy mode: mpidist.X() and mpidist.numpy.X() are instances of mpidist.X, mpidist.Strategy and
+    mpidist.numpy.X, of no other kind's class; their replicas are what X promises."""
+    for build in (cls_of(mpidist), cls_of(mpidist.numpy)):
+        with build() as s:
+            assert isinstance(s, cls_of(mpidist)) and isinstance(s, mpidist.Strategy)
+            assert isinstance(s, cls_of(mpidist.numpy))
+            # an experimental MultiWorkerMirroredStrategy is also a MultiWorkerMirroredStrategy (as in TensorFlow)
+            others = [c(mpidist) for n, c in KINDS if n != name and not (
+                name == "experimental.MultiWorkerMirroredStrategy" and n == "MultiWorkerMirroredStrategy")]
+            assert not any(isinstance(s, other) for other in others), (type(s), others)
+            expected = {"OneDeviceStrategy": 1, "MirroredStrategy": s.engine.topology.size}.get(name, comm.Get_size())
+            assert s.num_replicas_in_sync == expected
+            assert_same(s.reduce("SUM", np.ones(2), axis=None), np.full(2, float(expected)))
+
+
+def test_the_numpy_classes_build_on_numpy_whatever_rc_says(comm):
+    with mpidist.rc.override(framework="auto"):
+        with mpidist.numpy.MultiWorkerMirroredStrategy() as s:
+            assert type(s).__module__ == "mpidist.numpy" and not s.closed
+            largest = s.reduce("MAX", np.full(2, float(comm.Get_rank())), axis=None)
+            assert_same(largest, np.full(2, comm.Get_size() - 1.0))
+    assert s.closed
+    assert not isinstance(object(), mpidist.Strategy) and not isinstance(s, mpidist.MirroredStrategy)
+
+
+def test_close_frees_the_communicators_and_collectives_then_raise(comm):
+    s = mpidist.MultiWorkerMirroredStrategy()
+    assert s.engine.topology.comm is not None and s.engine.broken is None
+    s.close()
+    assert s.closed and s.engine.topology.comm is None and s.engine.topology.local is None
+    calls = {"reduce": lambda: s.reduce("SUM", np.ones(2), axis=None),
+             "reduce along an axis": lambda: s.reduce("SUM", np.ones((2, 2)), axis=0),
+             "gather": lambda: s.gather(np.ones((1, 2)), axis=0),
+             "all_reduce in run": lambda: s.run(lambda: mpidist.get_replica_context().all_reduce("SUM", 1.0)),
+             "extended.reduce_to": lambda: s.extended.reduce_to("SUM", np.ones(2)),
+             "extended.broadcast_to": lambda: s.extended.broadcast_to(np.ones(2)),
+             "experimental_distribute_dataset": lambda: s.experimental_distribute_dataset([np.ones((4, 2))])}
+    for what, call in calls.items():
+        with pytest.raises(RuntimeError, match=r"the strategy was closed \(strategy.close\(\), or the end of its "
+                                               r"`with` block\), which freed its communicators"):
+            call()
+    s.close()  # a second close does nothing
+    assert s.closed
+
+
+def test_with_block_closes_on_every_kind(comm):
+    for cls in (mpidist.MirroredStrategy, mpidist.experimental.CentralStorageStrategy, mpidist.OneDeviceStrategy):
+        with cls() as s:
+            assert s.scope  # usable inside
+            assert_same(s.reduce("SUM", np.ones(1), axis=None), np.full(1, float(s.num_replicas_in_sync)))
+        assert s.closed and s.engine.topology.comm is None
+        with pytest.raises(RuntimeError, match="the strategy was closed"):
+            s.reduce("SUM", np.ones(1), axis=None)
+
+
+def test_default_strategy_close_does_nothing(comm):
+    default = mpidist.get_strategy()
+    default.close()
+    assert not default.closed and default.reduce("SUM", np.ones(1), axis=None).tolist() == [1.0]

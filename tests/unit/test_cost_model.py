@@ -1,4 +1,5 @@
-"""The allreduce cost model (mpidist/bench/model.py), its fit and the `bench model` CLI: serial, fast."""
+"""The allreduce cost model (tools/costmodel/model.py), its fit and its CLI (`python -m tools.costmodel`):
+serial, fast. The tools live beside the package, so the repository root goes on sys.path."""
 from __future__ import annotations
 
 import json
@@ -12,11 +13,15 @@ import time
 import numpy as np
 import pytest
 
-from mpidist.bench import fit as fitting
-from mpidist.bench import simulate
-from mpidist.bench.model import ALGORITHMS, FLAT_CANDIDATES, PRESETS, Params, predict
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.costmodel import fit as fitting  # noqa: E402
+from tools.costmodel import simulate  # noqa: E402
+from tools.costmodel.__main__ import main as costmodel_main  # noqa: E402
+from tools.costmodel.model import ALGORITHMS, FLAT_CANDIDATES, PRESETS, Params, predict  # noqa: E402
+
 DATA = ROOT / "docs" / "data"
 SIZES = [0, 1, 64, 4096, 1 << 20, 64 << 20, 1 << 30]
 
@@ -142,7 +147,7 @@ def test_fit_load_names_a_bad_fake_node_size(tmp_path):
 def test_fit_cli_on_the_measured_data_in_docs(capsys):
     train = sorted(str(p) for p in DATA.glob("sweep-n2-*.json"))
     test = [f"{p}@2" for p in sorted(DATA.glob("sweep-n4-ls2-*.json"))]
-    assert simulate.main(["fit", *train, "--test", *test, "--json"]) == 0
+    assert costmodel_main(["fit", *train, "--test", *test, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["params"]["alpha_intra"] > 0 and out["params"]["beta_intra"] > 0
     assert {"train_raw", "test_raw", "test_mpidist"} <= set(out["summary"])
@@ -171,7 +176,7 @@ def test_cli_plot_writes_a_png(tmp_path, capsys):
 def test_cli_runs_as_a_subprocess_in_seconds():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mpidist", "bench", "model", "--json"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.costmodel", "--json"], capture_output=True,
                           text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - start < 30

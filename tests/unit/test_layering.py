@@ -1,5 +1,7 @@
-"""Imports flow one way: topology → collectives → cross-device → values → strategies → input/keras →
-the public namespace. A lower layer never imports a higher one, nor TensorFlow/CuPy at import time."""
+"""Imports flow one way: topology → collectives → cross-device → values → strategies → input /
+tensorflow → the public namespace and the command line. A lower layer never imports a higher one,
+nor TensorFlow/CuPy at import time. Every package and module directly under mpidist/ has a place in
+LAYERS: a new one fails here until it is given one."""
 from __future__ import annotations
 
 import ast
@@ -10,21 +12,26 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpidist"
-LAYERS = {  # first dotted component after "mpidist." -> layer; unknown names are the top layer
+TOP = 9
+LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exists under mpidist/
     "_version": 0, "errors": 0, "_config": 0, "validation": 0,
     "topology": 1, "collectives": 2, "cross_device": 3, "values": 4, "strategies": 5,
-    "input": 6, "keras": 6, "tensorflow": 6, "horovod": 6,
+    "input": 6, "tensorflow": 6,
+    # the public namespace and the command line (info, bench, soak, timeline)
+    "cluster_resolver": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP,
+    "__main__": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
 }
-TOP = 9
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
-INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework
+INTEGRATIONS = {"tensorflow"}  # framework packages: may import their framework
 
 
 def layer(module: str) -> int:
     parts = module.split(".")
-    if parts[-1] == "bench" or parts[-1].startswith("bench_"):  # benchmark tools sit on top, whatever package holds them
-        return TOP
-    return LAYERS.get(parts[1], TOP) if len(parts) > 1 else TOP
+    if len(parts) == 1:
+        return TOP  # mpidist/__init__.py: the public namespace
+    if parts[1] not in LAYERS:
+        raise KeyError(f"{module}: mpidist.{parts[1]} has no layer in LAYERS (tests/unit/test_layering.py)")
+    return LAYERS[parts[1]]
 
 
 def modules():
@@ -55,14 +62,16 @@ def imports(name: str, is_pkg: bool, tree: ast.AST):
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            if node.module is None or (node.level and stem.count(".") < 1):
-                for alias in node.names:
-                    yield f"{stem}.{alias.name}", module_level
-            else:
+            if not (name == stem or name.startswith(stem + ".")):  # its own packages are loaded already
                 yield stem, module_level
-                for alias in node.names:  # "from .x import y" may import submodule y
-                    if (ROOT.parent / (stem + "." + alias.name).replace(".", "/")).with_suffix(".py").exists():
-                        yield f"{stem}.{alias.name}", module_level
+            for alias in node.names:  # "from .x import y" may import submodule (or subpackage) y
+                if is_module(f"{stem}.{alias.name}"):
+                    yield f"{stem}.{alias.name}", module_level
+
+
+def is_module(dotted: str) -> bool:
+    path = ROOT.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 ALL = list(modules())
@@ -78,6 +87,15 @@ def test_no_upward_or_heavy_imports(name, is_pkg, path):
             assert layer(target) <= own, f"{name} (layer {own}) imports {target} (layer {layer(target)})"
         elif module_level and (name.split(".") + [""])[1] not in INTEGRATIONS:
             assert target.split(".")[0] not in HEAVY, f"{name} imports {target} at import time"
+
+
+def test_layer_map_matches_the_package_exactly():
+    """Every package or module directly under mpidist/ has a layer, and every layer entry exists."""
+    present = {p.stem if p.is_file() else p.name for p in ROOT.iterdir()
+               if (p.is_file() and p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    assert present - set(LAYERS) == set(), "give these a layer in LAYERS"
+    assert set(LAYERS) - present == set(), "these LAYERS entries name nothing under mpidist/"
+    assert INTEGRATIONS <= set(LAYERS)
 
 
 def test_layer_map_catches_an_upward_import():

@@ -1,6 +1,6 @@
-"""``python -m mpidist bench tf-sweep``: allreduce time over a size sweep, raw MPI vs mpidist vs TF's MWMS.
+"""``python -m tools.tf_sweep``: allreduce time over a size sweep, raw MPI vs mpidist vs TF's MWMS.
 
-Run under mpirun, e.g. ``mpirun -n 2 python -m mpidist bench tf-sweep --plot sweep.png``. For each
+Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_sweep --plot sweep.png`` (from the repository root). For each
 size, one float32 tensor is all-reduced:
 
 - ``raw MPI``: ``comm.Allreduce`` on NumPy arrays (the floor: no framework at all);
@@ -22,8 +22,9 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..bench.timing import compare, fmt_size, parse_size
-from .bench import _tf_config_from_mpi, tf_own_mwms
+from mpidist.bench.timing import compare, fmt_size, parse_size
+
+from .tf_bench import tf_config_from_mpi, tf_own_mwms
 
 CASES = ("raw MPI", "mpidist", "TF MWMS")
 
@@ -49,12 +50,12 @@ def _cases(tf: Any, strategies: dict[str, Any], comm: MPI.Intracomm, nbytes: int
 def run(sizes: list[int], seconds: float, mwms: bool) -> list[dict[str, Any]]:
     comm = MPI.COMM_WORLD
     if mwms and comm.Get_size() > 1:  # before TensorFlow touches its context
-        os.environ["TF_CONFIG"] = json.dumps(_tf_config_from_mpi(comm))
+        os.environ["TF_CONFIG"] = json.dumps(tf_config_from_mpi(comm))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     import mpidist
-    from mpidist.cross_device.options import CommunicationOptions
+    from mpidist.experimental import CommunicationOptions
     from mpidist.tensorflow import make_strategy
 
     strategies: dict[str, Any] = {}
@@ -103,7 +104,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidist bench tf-sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.tf_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--min", default="4KB", help="smallest size (default 4KB)")
     parser.add_argument("--max", default="16MB", help="largest size (default 16MB)")
     parser.add_argument("--factor", type=int, default=4, help="size step (default 4)")
@@ -124,3 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(rows, args.plot)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

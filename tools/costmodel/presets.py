@@ -113,7 +113,7 @@ PRESETS: dict[str, Params] = {p.name: p for p in (
          "2 × 96-core CPUs (one rank per core), 24 DDR5-4800 channels, one 400 Gb/s NDR NIC",
          ("2 × AMD EPYC 9654: 12 DDR5-4800 channels per socket = 460.8 GB/s each (AMD datasheet)",
           "1 × 400 Gb/s NDR InfiniBand; α_inter 1.2 µs: assumption, MPI ping-pong on NDR")),
-    # Fitted on the 2-core test VM (docs/scaling.md): `python -m mpidist bench model fit
+    # Fitted on the 2-core test VM (docs/scaling.md): `python -m tools.costmodel fit
     # docs/data/sweep-n2-r*.json --combine min`. Fake nodes (MPIDIST_LOCAL_SIZE) share one memory,
     # so "inter" = "intra" and flows never share a NIC (nics = ranks_per_node).
     Params("this-vm", 2, 1.60e-6, 0.288e-9, 1.60e-6, 0.288e-9, 2, 0.0, None,

@@ -1,6 +1,6 @@
 """Fit α, β (and γ where the data can tell it) of the cost model to measured allreduce times.
 
-Input: JSON written by ``python -m mpidist bench sweep --collectives allreduce --json`` (one file per
+Input: JSON written by ``python -m tools.sweep --collectives allreduce --json`` (one file per
 run; a file name may end in ``@K`` when the run had fake nodes of K ranks, ``MPIDIST_LOCAL_SIZE=K``,
 and ``MPIDIST_ALGORITHM=hierarchical``). Points of equal (ranks, K, size) are combined over runs
 by their median (default) or minimum. The raw column (the MPI library's own Allreduce) is fitted with one algorithm's formula:
@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .chief import is_chief
 from .model import predict
 from .presets import PRESETS, Params
 
@@ -56,7 +57,7 @@ def load(specs: list[str], combine: str = "median") -> list[Point]:
         with open(path, encoding="utf-8") as handle:
             rows = json.load(handle)
         if not isinstance(rows, list):
-            raise ValueError(f"fit.load: `{path}` must hold the list that `bench sweep --json` prints, "
+            raise ValueError(f"fit.load: `{path}` must hold the list that `python -m tools.sweep --json` prints, "
                              f"got {type(rows).__name__}")
         for row in rows:
             if row.get("collective") != "allreduce":
@@ -212,8 +213,7 @@ def table(result: dict, train: list[dict], test: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .simulate import is_chief
-    parser = argparse.ArgumentParser(prog="python -m mpidist bench model fit",
+    parser = argparse.ArgumentParser(prog="python -m tools.costmodel fit",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("train", nargs="+", help="sweep JSON files to fit (PATH or PATH@K: fake nodes of K)")
     parser.add_argument("--test", nargs="*", default=[], help="held-out sweep JSON files to predict")

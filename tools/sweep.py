@@ -1,4 +1,4 @@
-"""``python -m mpidist bench sweep``: an nccl-tests-style table, mpidist and raw mpi4py in one run.
+"""``python -m tools.sweep``: an nccl-tests-style table, mpidist and raw mpi4py in one run.
 
 For allreduce, allgather, broadcast and reduce_scatter over a size sweep: size, count, dtype, time,
 algbw and busbw of each, and the ratio raw time / mpidist time. As in nccl-tests, algbw = bytes /
@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import Engine
-from .timing import compare, fmt_size, parse_size
+from mpidist import Engine
+from mpidist.bench.timing import compare, fmt_size, parse_size
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
@@ -65,7 +65,7 @@ def run(collectives: list[str], sizes: list[int], dtype: np.dtype, seconds: floa
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"mpidist bench sweep: {rows[0]['ranks']} ranks, {rows[0]['dtype']}, medians; GB/s; "
+    lines = [f"tools.sweep: {rows[0]['ranks']} ranks, {rows[0]['dtype']}, medians; GB/s; "
              f"ratio = raw time / mpidist time" if rows else "no rows",
              f"{'collective':<15}{'size':>10}{'count':>12}   {'raw us':>10}{'algbw':>8}{'busbw':>8}"
              f"   {'mpidist us':>10}{'algbw':>8}{'busbw':>8}{'ratio':>8}"]
@@ -99,7 +99,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidist bench sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--min", default="4KB", help="smallest size (default 4KB)")
     parser.add_argument("--max", default="64MB", help="largest size (default 64MB)")
@@ -123,3 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(rows, args.plot)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
-"""``python -m mpidist bench model``: predicted allreduce times from the cost model, 1 to 10 000 ranks.
+"""``python -m tools.costmodel``: predicted allreduce times from the cost model, 1 to 10 000 ranks.
 
 Serial (no MPI needed; under mpirun only rank 0 prints). For each preset: a table of ranks × size →
 flat (the best of the MPI library's algorithms), ring, mpidist's hierarchical and the reduce-scatter
 variant, with ratios, and where hierarchical beats flat (sizes on a 2^(1/4) grid from 1 B to 4 GB).
-``--plot FILE.png`` draws time and ratio against size. ``python -m mpidist bench model fit …`` fits
+``--plot FILE.png`` draws time and ratio against size. ``python -m tools.costmodel fit …`` fits
 the model to measured sweeps (see ``fit.py``). The model: ``model.py``; presets: ``presets.py``.
 """
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from dataclasses import replace
 
+from mpidist.bench.timing import parse_size
+
+from .chief import is_chief
 from .model import FLAT_CANDIDATES, PRESETS, Params, predict, resolve
 
 NODES = (1, 2, 4, 16, 64, 256, 1024)
@@ -21,14 +23,6 @@ SIZES = tuple(4096 * 8 ** i for i in range(7))  # 4 KB ... 1 GB
 COMPARISONS = (("hierarchical", "flat"), ("hierarchical_rs", "flat"), ("hierarchical", "ring"))
 PLOT_SIZES = tuple(1 << i for i in range(10, 31))  # 1 KB ... 1 GB
 GRID = tuple(2 ** (i / 4) for i in range(0, 129))  # 1 B ... 4 GB
-
-
-def is_chief() -> bool:
-    """Rank 0 of an initialised MPI job, or a serial run; never imports mpi4py itself."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return True
-    return mpi.COMM_WORLD.Get_rank() == 0
 
 
 def default_ranks(ranks_per_node: int, limit: int = 10_000) -> list[int]:
@@ -200,11 +194,7 @@ def _overrides(items: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(argv or [])
-    if argv[:1] == ["fit"]:
-        from .fit import main as fit_main
-        return fit_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m mpidist bench model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.costmodel", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="dgx-h100", help=f"comma-separated among {', '.join(PRESETS)}")
     parser.add_argument("--ranks", default="", help="comma-separated rank counts (default: 1-1024 nodes, <= 10000)")
     parser.add_argument("--ranks-per-node", type=int, default=0, help="override the preset's ranks per node")
@@ -227,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     ranks = _int_list(args.ranks, "--ranks", parser) if args.ranks else None
     sizes = None
     if args.sizes:
-        from .timing import parse_size
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     try:
         overrides = _overrides(args.set)
@@ -250,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "params_obj"} for r in results], indent=1), flush=True)
     else:
-        head = ("mpidist bench model: predicted allreduce time per call (alpha-beta-gamma model, not a measurement;\n"
+        head = ("tools.costmodel: predicted allreduce time per call (alpha-beta-gamma model, not a measurement;\n"
                 "flat = best of ring, recursive doubling, Rabenseifner, reduce+bcast; hier = mpidist's hierarchical\n"
                 "(reduce in node, leaders' allreduce, broadcast); hier-rs = reduce-scatter in node, per-shard\n"
                 "allreduce across nodes, allgather; ratios > 1 mean the hierarchical variant is faster)")

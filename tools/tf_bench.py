@@ -1,6 +1,6 @@
-"""``python -m mpidist.tensorflow.bench``: the TensorFlow strategy against raw MPI and TF's own MWMS.
+"""``python -m tools.tf_bench``: the TensorFlow strategy against raw MPI and TF's own MWMS.
 
-Run under mpirun, e.g. ``mpirun -n 2 python -m mpidist.tensorflow.bench``. Rank 0 prints.
+Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_bench`` (from the repository root). Rank 0 prints.
 
 (a) all_reduce of one 4 KB float32 tensor inside a ``tf.function``, through the mpidist strategy's
     replica context (``strategy.run`` + ``ReplicaContext.all_reduce``), against raw mpi4py
@@ -32,10 +32,10 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..bench.timing import compare
+from mpidist.bench.timing import compare
 
 
-def _tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
+def tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
     """TF_CONFIG for TensorFlow's MWMS: one worker per rank, free ports agreed over MPI."""
     with socket.socket() as s:
         s.bind(("", 0))
@@ -48,7 +48,7 @@ def _tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
 
 def tf_own_mwms(tf: Any) -> Any:
     """TensorFlow's own MultiWorkerMirroredStrategy (RING) on this job's ranks. TF_CONFIG from
-    :func:`_tf_config_from_mpi` must be set before TensorFlow starts, and this must run before
+    :func:`tf_config_from_mpi` must be set before TensorFlow starts, and this must run before
     anything else configures TensorFlow's collectives (mpidist's strategy included)."""
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -181,7 +181,7 @@ def _input_cases(tf: Any, strategy: Any) -> dict[str, Callable[[], Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidist.tensorflow.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.tf_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="time per comparison (default 3)")
     parser.add_argument("--global-batch", type=int, default=256, help="MLP global batch (default 256)")
     parser.add_argument("--no-mwms", action="store_true", help="skip TensorFlow's MultiWorkerMirroredStrategy")
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     if comm.Get_size() > 1 and not args.no_mwms and set(args.cases.split(",")) & {"allreduce", "step"}:
         # before TensorFlow touches its context
-        os.environ["TF_CONFIG"] = json.dumps(_tf_config_from_mpi(comm))
+        os.environ["TF_CONFIG"] = json.dumps(tf_config_from_mpi(comm))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     import keras
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     import mpidist
-    from mpidist.cross_device.options import CommunicationOptions
+    from mpidist.experimental import CommunicationOptions
     from mpidist.tensorflow import make_strategy
 
     parts = set(args.cases.split(","))
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: dict) -> str:
-    lines = [f"mpidist.tensorflow bench, {results['ranks']} ranks, TensorFlow threads per rank: {results['threads']}; "
+    lines = [f"tools.tf_bench, {results['ranks']} ranks, TensorFlow threads per rank: {results['threads']}; "
              f"medians of interleaved blocks"]
     for key, rows in results.items():
         if not isinstance(rows, dict):
