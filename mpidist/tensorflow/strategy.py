@@ -151,5 +151,7 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     gpu_bridge.prepare()  # GPU hook (issue 8): memory growth before TensorFlow initializes its GPUs
     device, scope_device = _resolve_device(kind, engine, devices, where)
     strategy = MPIStrategy(kind, engine, options, device, scope_device)
+    from .. import keras as keras_integration  # Keras / tf.train.Checkpoint patches, once (mpidist.keras)
+    keras_integration.install()
     _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)
     return strategy

@@ -1,0 +1,55 @@
+"""``tf.train.Checkpoint.save`` / ``write`` called by every rank under an mpidist strategy.
+
+Every rank saving to one shared directory races (TensorFlow's own strategies race too: a rank
+finds another's ``ckpt-1_temp`` gone). Patched, when the checkpoint belongs to a multi-rank mpidist
+strategy, they become ``mpidist.tensorflow.checkpoint.save`` / ``write``: the chief writes, the
+other ranks do not touch the path (they only advance ``save_counter``), every rank returns the
+same path once the files are complete, and an error is raised on every rank. So the call is
+collective: make it on every rank, as TensorFlow's multi-worker guide says.
+
+A checkpoint belongs to a strategy when it is saved inside that strategy's scope, or when one of
+the objects it was given (a Keras model or optimizer) was built in that strategy's scope.
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Callable
+
+from ..tensorflow import checkpoint
+from . import patching
+
+_INSIDE = contextvars.ContextVar("mpidist_checkpoint_inside", default=False)
+
+
+def strategy_of(ckpt: Any) -> Any:
+    """The multi-rank mpidist strategy ``ckpt`` belongs to (see the module docstring), or None."""
+    import tensorflow as tf
+    if tf.distribute.has_strategy():
+        return patching.multi_rank(tf.distribute.get_strategy())
+    children = getattr(ckpt, "_trackable_children", None)
+    for child in (children().values() if callable(children) else ()):
+        found = patching.multi_rank(getattr(child, "_distribute_strategy", None))
+        if found is not None:
+            return found
+    return None
+
+
+def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: Any, file_prefix: Any, options: Any = None, **kwargs: Any) -> Any:
+            strategy = None if (_INSIDE.get() or kwargs) else strategy_of(self)
+            if strategy is None:
+                return original(self, file_prefix, options=options, **kwargs)
+            token = _INSIDE.set(True)  # the chief's own call below is TensorFlow's
+            try:
+                return helper(self, file_prefix, strategy=strategy, options=options)
+            finally:
+                _INSIDE.reset(token)
+        return method
+    return make
+
+
+def install() -> None:
+    import tensorflow as tf
+    patching.patch(tf.train.Checkpoint, "save", _collective(checkpoint.save))
+    patching.patch(tf.train.Checkpoint, "write", _collective(checkpoint.write))
