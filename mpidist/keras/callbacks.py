@@ -55,8 +55,7 @@ def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 self.verbose = verbose
 
-        # aggregate: a whole-model save reads the metrics' (sync-on-read) variables on the chief
-        _collective(strategy, chief, "ModelCheckpoint", others, aggregate=not self.save_weights_only)
+        _collective(strategy, chief, "ModelCheckpoint", others)  # Keras saves no metric (sync-on-read) state
     return _save_model
 
 
