@@ -1,5 +1,7 @@
 """``tf.train.Checkpoint.save`` / ``write`` called by every rank under an mpidist strategy.
 
+``tf.train.CheckpointManager.save`` likewise: the chief writes and deletes old checkpoints.
+
 Every rank saving to one shared directory races (TensorFlow's own strategies race too: a rank
 finds another's ``ckpt-1_temp`` gone). Patched, when the checkpoint belongs to a multi-rank mpidist
 strategy, they become ``mpidist.tensorflow.checkpoint.save`` / ``write``: the chief writes, the
@@ -49,7 +51,26 @@ def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any
     return make
 
 
+def _manager_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save(self: Any, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None) -> Any:
+        strategy = None if _INSIDE.get() else strategy_of(self.checkpoint)
+        if strategy is None:
+            return original(self, checkpoint_number, check_interval, options)
+        token = _INSIDE.set(True)
+        try:
+            saved = checkpoint.on_chief(strategy, lambda: original(self, checkpoint_number, check_interval, options)
+                                        or "", "tf.train.CheckpointManager.save")
+        finally:
+            _INSIDE.reset(token)
+        if strategy.engine.rank != 0 and saved:
+            self.checkpoint.save_counter.assign_add(1)
+            self._latest_checkpoint = saved  # what the chief's manager now reports
+        return saved or None
+    return save
+
+
 def install() -> None:
     import tensorflow as tf
     patching.patch(tf.train.Checkpoint, "save", _collective(checkpoint.save))
     patching.patch(tf.train.Checkpoint, "write", _collective(checkpoint.write))
+    patching.patch(tf.train.CheckpointManager, "save", _manager_save)
