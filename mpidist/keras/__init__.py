@@ -23,11 +23,22 @@ _log = logging.getLogger("mpidist")
 _done = False
 
 
-def install() -> None:
-    """Apply every patch (once). Needs TensorFlow; the Keras patches also need Keras 3."""
+def install(strategy=None) -> None:
+    """Apply every patch (once). Needs TensorFlow; the Keras patches also need Keras 3.
+
+    With ``strategy`` (make_strategy passes each new one; collective over its ranks), its ranks
+    also agree on the seed of unseeded shuffles (``shuffle.register``).
+    """
     global _done
-    if _done:
-        return
+    if not _done:
+        _install()
+    if strategy is not None:
+        from . import shuffle
+        shuffle.register(strategy)
+
+
+def _install() -> None:
+    global _done
     from . import tf_checkpoint
     tf_checkpoint.install()
     try:

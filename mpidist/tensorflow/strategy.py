@@ -152,6 +152,6 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     device, scope_device = _resolve_device(kind, engine, devices, where)
     strategy = MPIStrategy(kind, engine, options, device, scope_device)
     from .. import keras as keras_integration  # Keras / tf.train.Checkpoint patches, once (mpidist.keras)
-    keras_integration.install()
+    keras_integration.install(strategy)
     _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)
     return strategy
