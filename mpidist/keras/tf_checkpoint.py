@@ -14,14 +14,10 @@ the objects it was given (a Keras model or optimizer) was built in that strategy
 """
 from __future__ import annotations
 
-import contextvars
 from typing import Any, Callable
 
 from ..tensorflow import checkpoint
 from . import patching
-
-_INSIDE = contextvars.ContextVar("mpidist_checkpoint_inside", default=False)
-
 
 def strategy_of(ckpt: Any) -> Any:
     """The multi-rank mpidist strategy ``ckpt`` belongs to (see the module docstring), or None."""
@@ -39,29 +35,22 @@ def strategy_of(ckpt: Any) -> Any:
 def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def method(self: Any, file_prefix: Any, options: Any = None, **kwargs: Any) -> Any:
-            strategy = None if (_INSIDE.get() or kwargs) else strategy_of(self)
+            # the chief's own call inside the collective save is TensorFlow's
+            strategy = None if (checkpoint.chief_writing() or kwargs) else strategy_of(self)
             if strategy is None:
                 return original(self, file_prefix, options=options, **kwargs)
-            token = _INSIDE.set(True)  # the chief's own call below is TensorFlow's
-            try:
-                return helper(self, file_prefix, strategy=strategy, options=options)
-            finally:
-                _INSIDE.reset(token)
+            return helper(self, file_prefix, strategy=strategy, options=options)
         return method
     return make
 
 
 def _manager_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def save(self: Any, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None) -> Any:
-        strategy = None if _INSIDE.get() else strategy_of(self.checkpoint)
+        strategy = None if checkpoint.chief_writing() else strategy_of(self.checkpoint)
         if strategy is None:
             return original(self, checkpoint_number, check_interval, options)
-        token = _INSIDE.set(True)
-        try:
-            saved = checkpoint.on_chief(strategy, lambda: original(self, checkpoint_number, check_interval, options)
-                                        or "", "tf.train.CheckpointManager.save")
-        finally:
-            _INSIDE.reset(token)
+        saved = checkpoint.on_chief(strategy, lambda: original(self, checkpoint_number, check_interval, options)
+                                    or "", "tf.train.CheckpointManager.save")
         if strategy.engine.rank != 0 and saved:
             self.checkpoint.save_counter.assign_add(1)
             self._latest_checkpoint = saved  # what the chief's manager now reports

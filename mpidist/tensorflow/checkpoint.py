@@ -18,6 +18,7 @@ total each, so their global value is the saved one).
 """
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +27,14 @@ import tensorflow as tf
 from ..cross_device.reduce_op import ReduceOp
 from . import reductions
 from .strategy import MPIStrategy
+
+
+_WRITING = contextvars.ContextVar("mpidist_chief_writing", default=False)
+
+
+def chief_writing() -> bool:
+    """Whether this code runs inside ``on_chief``'s write on the chief (where no collective may start)."""
+    return _WRITING.get()
 
 
 def _strategy(strategy: Any, where: str) -> MPIStrategy:
@@ -102,7 +111,11 @@ def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: st
         if aggregate:
             ext._saved_reads = _aggregate_sync_on_read(strategy, where)
         if ext._rank == 0:
-            result = write_on_chief()
+            token = _WRITING.set(True)
+            try:
+                result = write_on_chief()
+            finally:
+                _WRITING.reset(token)
         elif on_others is not None:
             on_others()
     except Exception as e:  # noqa: BLE001 -- every rank must reach share_outcome, whatever failed
