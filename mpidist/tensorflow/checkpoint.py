@@ -12,6 +12,11 @@ same path races. ``save`` here is collective (every rank calls it, in the same p
 4. rank 0 sends the written path (or its error) to every rank: when ``save`` returns, the files
    are complete, and every rank returns the same path (or raises the same error).
 
+``on_chief`` is the general form (any write on the chief, the outcome shared in one allgather:
+an error on any rank is raised on every rank). ``mpidist.keras`` routes ``tf.train.Checkpoint.save``
+/ ``write``, ``CheckpointManager.save`` and Keras's writing callbacks through it, so user code that
+calls them on every rank needs no change.
+
 ``restore`` is TensorFlow's ``checkpoint.restore`` on every rank (all ranks read the same files,
 so variables come back identical everywhere; sync-on-read SUM variables get 1/size of the saved
 total each, so their global value is the saved one).
@@ -19,6 +24,7 @@ total each, so their global value is the saved one).
 from __future__ import annotations
 
 import contextvars
+import gc
 from typing import Any, Callable
 
 import numpy as np
@@ -48,6 +54,7 @@ def _strategy(strategy: Any, where: str) -> MPIStrategy:
 
 def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.Tensor]:
     ext = strategy.extended
+    gc.collect()  # metrics of dropped models: gone on every rank, not only where the collector ran
     groups: dict[ReduceOp, list[Any]] = {}
     for v in ext.live_sync_on_read_variables():
         if v.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN):

@@ -64,3 +64,11 @@ def test_predict_of_a_plain_output_and_predict_on_batch(strategy, comm):
     mine = x[comm.Get_rank():comm.Get_rank() + 2]  # each rank its own rows: not sharded, not gathered
     np.testing.assert_allclose(model.predict_on_batch(mine), model(mine).numpy(), rtol=1e-6)
     np.testing.assert_allclose(model.predict(x, batch_size=4, verbose=0), got)  # predict unaffected afterwards
+
+
+def test_patches_are_listed(strategy):
+    from mpidist.keras import patching
+    listed = patching.installed()
+    assert "keras.src.backend.tensorflow.trainer.reduce_per_replica" in listed
+    assert any(name.endswith("ModelCheckpoint._save_model") for name in listed)
+    assert any(name.endswith("Checkpoint.save") for name in listed)
