@@ -171,3 +171,30 @@ def test_early_stopping_stops_every_rank_at_the_same_epoch(strategy, comm):
     expected = comm.bcast(single() if comm.Get_rank() == 0 else None, root=0)
     assert 0 < expected < 49
     assert same_everywhere(comm, callback.stopped_epoch) == expected
+
+
+def test_interrupted_write_keeps_the_previous_file(strategy, comm, shared_dir, monkeypatch):
+    """The chief writes to a temporary name and renames: a write that fails before the rename leaves
+    the previous checkpoint untouched and no temporary file, and every rank gets the error."""
+    from mpidist.keras import files
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: Keras's own write (the patches act for several ranks only)")
+    x, y = data(seed=4)
+    with strategy.scope():
+        model = build_model()
+    path = os.path.join(shared_dir, "w.weights.h5")
+    callback = keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    with open(path, "rb") as f:
+        before = f.read()
+    if comm.Get_rank() == 0:
+        def fail(src, dst):
+            raise OSError(f"injected failure renaming {src}")
+        monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(Exception, match="injected failure"):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    monkeypatch.undo()
+    comm.Barrier()
+    with open(path, "rb") as f:
+        assert f.read() == before
+    no_temporary_files(shared_dir)
