@@ -2,7 +2,8 @@
 
 The TensorFlow integration lives in the top layer (``mpidist.tensorflow``), which lower layers must
 not import by name. It is loaded here as a plugin, by module path, only when the program has
-already imported TensorFlow (or ``rc.framework`` says "tensorflow").
+already imported TensorFlow (or ``rc.framework`` says "tensorflow"); with it, ``mpidist.keras``
+(the Keras fidelity patches, top layer) is installed on each strategy built.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from .._config import rc
 
 TF_PLUGIN = "mpidist.tensorflow"
+KERAS_PLUGIN = "mpidist.keras"  # Keras / tf.train.Checkpoint fidelity, installed on every TF strategy
 
 
 def tensorflow_loaded() -> bool:
@@ -28,4 +30,6 @@ def tensorflow_loaded() -> bool:
 def make_tf_strategy(kind: str, engine: Any, options: Any, **extra: Any) -> Any:
     """Build the TensorFlow strategy of ``kind`` (see mpidist.tensorflow.make_strategy)."""
     plugin = importlib.import_module(TF_PLUGIN)
-    return plugin.make_strategy(kind, engine, options, **extra)
+    strategy = plugin.make_strategy(kind, engine, options, **extra)
+    importlib.import_module(KERAS_PLUGIN).install(strategy)  # collective: the ranks agree on shuffle seeds
+    return strategy

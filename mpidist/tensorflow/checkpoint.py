@@ -12,13 +12,20 @@ same path races. ``save`` here is collective (every rank calls it, in the same p
 4. rank 0 sends the written path (or its error) to every rank: when ``save`` returns, the files
    are complete, and every rank returns the same path (or raises the same error).
 
+``on_chief`` is the general form (any write on the chief, the outcome shared in one allgather:
+an error on any rank is raised on every rank). ``mpidist.keras`` routes ``tf.train.Checkpoint.save``
+/ ``write``, ``CheckpointManager.save`` and Keras's writing callbacks through it, so user code that
+calls them on every rank needs no change.
+
 ``restore`` is TensorFlow's ``checkpoint.restore`` on every rank (all ranks read the same files,
 so variables come back identical everywhere; sync-on-read SUM variables get 1/size of the saved
 total each, so their global value is the saved one).
 """
 from __future__ import annotations
 
-from typing import Any
+import contextvars
+import gc
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +33,14 @@ import tensorflow as tf
 from ..cross_device.reduce_op import ReduceOp
 from . import reductions
 from .strategy import MPIStrategy
+
+
+_WRITING = contextvars.ContextVar("mpidist_chief_writing", default=False)
+
+
+def chief_writing() -> bool:
+    """Whether this code runs inside ``on_chief``'s write on the chief (where no collective may start)."""
+    return _WRITING.get()
 
 
 def _strategy(strategy: Any, where: str) -> MPIStrategy:
@@ -39,6 +54,7 @@ def _strategy(strategy: Any, where: str) -> MPIStrategy:
 
 def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.Tensor]:
     ext = strategy.extended
+    gc.collect()  # metrics of dropped models: gone on every rank, not only where the collector ran
     groups: dict[ReduceOp, list[Any]] = {}
     for v in ext.live_sync_on_read_variables():
         if v.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN):
@@ -59,37 +75,71 @@ def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.T
     return found
 
 
-def _share_outcome(strategy: MPIStrategy, text: str | None, error: BaseException | None, where: str) -> str:
-    """Rank 0's path (or error) on every rank, through one allgather (others send nothing)."""
-    if strategy.extended._rank == 0:
-        payload = (b"E" + f"{type(error).__name__}: {error}".encode()) if error is not None \
-            else b"P" + (text or "").encode()
+def _record(payload: bytes) -> np.ndarray:
+    return np.frombuffer(len(payload).to_bytes(4, "big") + payload, dtype=np.uint8).copy()
+
+
+def share_outcome(strategy: MPIStrategy, text: str | None, error: BaseException | None, where: str) -> str:
+    """Collective: every rank's outcome in one allgather; rank 0's ``text`` returned on every rank.
+
+    Each rank sends its own error (or none); rank 0 also sends ``text`` (a written path). If any
+    rank failed, every rank raises: its own exception where it had one, else a RuntimeError
+    naming the ranks that failed and why. So no rank is left waiting for a write that failed.
+    """
+    if error is not None:
+        payload = b"E" + f"{type(error).__name__}: {error}".encode()
     else:
-        payload = b""
-    gathered = bytes(strategy.engine.allgather(np.frombuffer(payload, dtype=np.uint8).copy()))
-    if gathered[:1] == b"E":
+        payload = b"P" + ((text or "").encode() if strategy.extended._rank == 0 else b"")
+    gathered = bytes(strategy.engine.allgather(_record(payload), **strategy.extended._default_call.kwargs()))
+    records, offset = [], 0
+    while offset < len(gathered):
+        size = int.from_bytes(gathered[offset:offset + 4], "big")
+        records.append(gathered[offset + 4:offset + 4 + size])
+        offset += 4 + size
+    failed = [(rank, r[1:].decode()) for rank, r in enumerate(records) if r[:1] == b"E"]
+    if failed:
         if error is not None:
             raise error
-        raise RuntimeError(f"{where}: rank 0 failed to write the checkpoint: {gathered[1:].decode()}")
-    return gathered[1:].decode()
+        raise RuntimeError(f"{where}: " + "; ".join(f"rank {rank} failed: {message}" for rank, message in failed))
+    return records[0][1:].decode()
 
 
-def _save(strategy: MPIStrategy, checkpoint: Any, write_on_chief: Any, on_others: Any, where: str) -> str:
+def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: str, *,
+             on_others: Callable[[], Any] | None = None, aggregate: bool = True) -> str:
+    """Collective: ``write_on_chief()`` on rank 0, ``on_others()`` elsewhere, then ``share_outcome``.
+
+    With ``aggregate``, sync-on-read variables (Keras metrics) are aggregated first on every rank,
+    so the chief reads their global values while writing without a collective of its own. Returns
+    ``str(write_on_chief())`` on every rank ("" for None); raises on every rank if any rank failed.
+    """
     ext = strategy.extended
-    ext._saved_reads = _aggregate_sync_on_read(strategy, where)
-    path, error = None, None
+    result, error = None, None
     try:
+        if aggregate:
+            ext._saved_reads = _aggregate_sync_on_read(strategy, where)
         if ext._rank == 0:
-            path = write_on_chief()
-        else:
+            token = _WRITING.set(True)
+            try:
+                result = write_on_chief()
+            finally:
+                _WRITING.reset(token)
+        elif on_others is not None:
             on_others()
-    except Exception as e:  # rank 0's failure must reach the others, which wait for its path
-        if ext._rank != 0:
-            raise
+    except Exception as e:  # noqa: BLE001 -- every rank must reach share_outcome, whatever failed
         error = e
     finally:
         ext._saved_reads = {}
-    return _share_outcome(strategy, None if path is None else str(path), error, where)
+    return share_outcome(strategy, None if result is None else str(result), error, where)
+
+
+def any_rank(strategy: MPIStrategy, flag: bool) -> bool:
+    """Collective: whether ``flag`` is true on any rank (one tiny allreduce)."""
+    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", **strategy.extended._default_call.kwargs())
+    return bool(found[0])
+
+
+def _save(strategy: MPIStrategy, checkpoint: Any, write_on_chief: Any, on_others: Any, where: str) -> str:
+    return on_chief(strategy, write_on_chief, where, on_others=on_others)
 
 
 def save(checkpoint: tf.train.Checkpoint, file_prefix: str, *, strategy: Any = None, options: Any = None) -> str:

@@ -1,0 +1,60 @@
+"""Keras 3 and ``tf.train.Checkpoint`` under mpidist strategies: what one process would do.
+
+Installed when an mpidist TensorFlow strategy is built (``install()``: once, idempotent). Each
+module patches one topic, each patch acting only for a model or checkpoint of a multi-rank mpidist
+strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's own code:
+
+- ``predict``: ``model.predict`` returns every rank's rows, in input order, on every rank;
+- ``callbacks``: ModelCheckpoint, BackupAndRestore, TensorBoard, CSVLogger write once (the
+  chief), atomically, and every rank can read the result when the callback returns;
+- ``files``: the atomic ``model.save`` / ``save_weights`` those callbacks use;
+- ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
+- ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write`` on every rank: the chief writes.
+
+``patching.installed()`` lists the patches in place.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import patching
+
+_log = logging.getLogger("mpidist")
+_done = False
+
+
+def install(strategy=None) -> None:
+    """Apply every patch (once). Needs TensorFlow; the Keras patches also need Keras 3.
+
+    With ``strategy`` (make_strategy passes each new one; collective over its ranks), its ranks
+    also agree on the seed of unseeded shuffles (``shuffle.register``).
+    """
+    global _done
+    if not _done:
+        _install()
+    if strategy is not None:
+        from . import shuffle
+        shuffle.register(strategy)
+
+
+def _install() -> None:
+    global _done
+    from . import tf_checkpoint
+    tf_checkpoint.install()
+    try:
+        import keras
+    except ImportError:  # TensorFlow without Keras: nothing more to patch
+        _done = True
+        return
+    if not keras.__version__.startswith("3."):
+        _log.warning("mpidist: Keras %s is not Keras 3; its integration is not installed", keras.__version__)
+    else:
+        from . import callbacks, files, predict, shuffle
+        files.install()
+        callbacks.install()
+        predict.install()
+        shuffle.install()
+    _done = True
+
+
+__all__ = ["install", "patching"]

@@ -1,0 +1,60 @@
+"""How mpidist patches Keras and TensorFlow: one registry, applied once, each patch guarded.
+
+Every patch wraps one function or method and calls the original unchanged unless the object it
+acts on belongs to an mpidist strategy of several ranks (``multi_rank``): a one-rank mpidist
+strategy, TensorFlow's own strategies and programs without a strategy see plain Keras. The
+originals stay reachable (``original``) and ``installed()`` lists what is patched, for tests and
+for the README's list.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+_PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) -> (owner, name, original)
+
+
+def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    """Replace ``owner.name`` by ``make(original)`` (once: a second call does nothing)."""
+    key = (id(owner), name)
+    if key in _PATCHES:
+        return
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    wrapped = make(original)
+    if callable(original) and not isinstance(original, (staticmethod, classmethod)):
+        functools.update_wrapper(wrapped, original)
+    wrapped.__mpidist_patch__ = True
+    _PATCHES[key] = (owner, name, original)
+    setattr(owner, name, wrapped)
+
+
+def original(owner: Any, name: str) -> Any:
+    """The function ``patch`` replaced (``owner.name`` itself when it is not patched)."""
+    found = _PATCHES.get((id(owner), name))
+    return found[2] if found else getattr(owner, name)
+
+
+def installed() -> list[str]:
+    """``module.Class.name`` of every patch in place."""
+    out = []
+    for owner, name, _ in _PATCHES.values():
+        qual = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+        out.append(f"{getattr(owner, '__module__', '')}.{qual}.{name}".lstrip("."))
+    return sorted(out)
+
+
+def multi_rank(strategy: Any) -> Any:
+    """``strategy`` if it is an mpidist ``tf.distribute.Strategy`` of more than one rank, else None."""
+    from ..tensorflow.strategy import MPIStrategy
+    if isinstance(strategy, MPIStrategy) and strategy.num_replicas_in_sync > 1:
+        return strategy
+    return None
+
+
+def model_strategy(model: Any) -> Any:
+    """The multi-rank mpidist strategy a Keras model was built under (or the one in scope), or None."""
+    strategy = getattr(model, "_distribute_strategy", None) if model is not None else None
+    if strategy is None:
+        import tensorflow as tf
+        strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    return multi_rank(strategy)

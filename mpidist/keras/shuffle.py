@@ -1,0 +1,99 @@
+"""Unseeded shuffles under an mpidist strategy: every rank draws the same permutation.
+
+Rank r keeps the r-th block of every global batch (DATA sharding, what Keras asks for NumPy
+input), so the ranks must see the same global batches: with shuffling, the same permutation. An
+unseeded shuffle draws a different one on every rank, and the blocks overlap and miss rows. When
+a multi-rank mpidist strategy is built, its ranks agree on a base seed (one broadcast); from then
+on, while no global seed is set (``tf.random.set_seed`` / ``keras.utils.set_random_seed``: then
+TensorFlow's own seeds already agree), the k-th unseeded shuffle of the program draws from a seed
+made from (base, k):
+
+- ``tf.data.Dataset.shuffle(n)`` without ``seed``: gets one; ``reshuffle_each_iteration`` keeps
+  giving a new order every epoch, the same on every rank;
+- ``model.fit(x, y, shuffle=True)`` (and ``shuffle="batch"``) on arrays: Keras draws each epoch's
+  permutation with ``tf.random.shuffle`` inside its input pipeline; while that pipeline is built
+  (``ArrayDataAdapter.get_tf_dataset``), ``tf.random.shuffle`` is a stateless shuffle whose seed is
+  (base, k) and a counter advanced once per permutation: a new permutation every epoch, the same
+  on every rank.
+
+Ranks must build their shuffled pipelines in the same order (as SPMD programs do). A dataset
+built before the strategy is not covered.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+from . import patching
+
+_state = {"base": None, "count": 0}
+_DEFAULT_GRAPH_SEED = 87654321  # what TensorFlow reports as the global seed when none is set
+
+
+def register(strategy: Any) -> None:
+    """Collective over ``strategy``'s ranks (at its creation): agree on the base seed."""
+    if patching.multi_rank(strategy) is None:
+        return
+    mine = np.array([random.SystemRandom().getrandbits(62)], dtype=np.int64)
+    _state["base"] = int(strategy.engine.broadcast(mine, root=0)[0])
+    _state["count"] = 0
+
+
+def _global_seed_set() -> bool:
+    import tensorflow as tf
+    return tf.compat.v1.get_seed(0)[0] != _DEFAULT_GRAPH_SEED
+
+
+def next_seed() -> int | None:
+    """The next agreed seed, or None (no multi-rank strategy yet, or a global seed is set)."""
+    if _state["base"] is None or _global_seed_set():
+        return None
+    _state["count"] += 1
+    return int(np.random.SeedSequence([_state["base"], _state["count"]]).generate_state(1, np.uint32)[0])
+
+
+def _dataset_shuffle(original: Callable[..., Any]) -> Callable[..., Any]:
+    def shuffle(self: Any, buffer_size: Any, seed: Any = None, reshuffle_each_iteration: Any = True,
+                name: Any = None) -> Any:
+        if seed is None:
+            seed = next_seed()
+        return original(self, buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration, name=name)
+    return shuffle
+
+
+def _agreed_random_shuffle(base_seed: int, real: Callable[..., Any]) -> Callable[..., Any]:
+    import tensorflow as tf
+    with tf.init_scope():
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="mpidist_shuffle_counter")
+
+    def shuffle(value: Any, seed: Any = None, name: Any = None) -> Any:
+        if seed is not None:
+            return real(value, seed, name)
+        step = counter.assign_add(1)
+        return tf.random.experimental.stateless_shuffle(value, seed=tf.stack([tf.constant(base_seed, tf.int64), step]),
+                                                        name=name)
+    return shuffle
+
+
+def _array_get_tf_dataset(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_tf_dataset(self: Any) -> Any:
+        seed = next_seed() if self._shuffle else None
+        if seed is None:
+            return original(self)
+        import tensorflow as tf
+        real = tf.random.shuffle
+        tf.random.shuffle = _agreed_random_shuffle(seed, real)  # only while Keras builds the pipeline
+        try:
+            return original(self)
+        finally:
+            tf.random.shuffle = real
+    return get_tf_dataset
+
+
+def install() -> None:
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    patching.patch(tf.data.Dataset, "shuffle", _dataset_shuffle)
+    patching.patch(ArrayDataAdapter, "get_tf_dataset", _array_get_tf_dataset)

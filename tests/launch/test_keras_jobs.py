@@ -1,0 +1,42 @@
+"""Keras jobs under real mpirun: a job that fails after epoch k and is launched again with the same
+BackupAndRestore directory resumes at epoch k+1 on every rank and ends with the weights of a job
+that was never interrupted."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+
+def epochs_run(output: str, ranks: int, every_rank: bool = True) -> set:
+    found = dict(re.findall(r"rank (\d+): epochs run (\[[\d, ]*\])", output))
+    if every_rank:
+        assert sorted(found) == [str(r) for r in range(ranks)], output
+    else:  # a failing job aborts: ranks killed by the abort print nothing
+        assert found and set(found) <= {str(r) for r in range(ranks)}, output
+    return set(found.values())
+
+
+@pytest.mark.parametrize("ranks", [3])  # uneven blocks: 16-row batches over 3 ranks
+def test_backup_and_restore_resumes_a_failed_job(tmp_path, mpirun, ranks):
+    backup = str(tmp_path / "backup")
+    failed = mpirun(ranks, "keras_backup_job.py", backup, str(tmp_path / "unused.npz"), "fail-after-epoch", "2",
+                    timeout=300)
+    assert failed.returncode != 0, failed.output
+    assert "injected failure after epoch 2" in failed.output
+    assert epochs_run(failed.output, ranks, every_rank=False) == {"[0, 1, 2]"}
+    resumed = mpirun(ranks, "keras_backup_job.py", backup, str(tmp_path / "resumed.npz"), "run", timeout=300)
+    assert resumed.returncode == 0, resumed.output
+    assert epochs_run(resumed.output, ranks) == {"[3, 4]"}  # every rank resumed at epoch 3
+    straight = mpirun(ranks, "keras_backup_job.py", str(tmp_path / "other"), str(tmp_path / "straight.npz"), "run",
+                      timeout=300)
+    assert straight.returncode == 0, straight.output
+    assert epochs_run(straight.output, ranks) == {"[0, 1, 2, 3, 4]"}
+    got, expected = np.load(tmp_path / "resumed.npz"), np.load(tmp_path / "straight.npz")
+    assert len(got.files) == len(expected.files) == 4
+    for name in expected.files:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7)
+    assert not (tmp_path / "backup").exists()  # deleted once training ended

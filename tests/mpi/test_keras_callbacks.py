@@ -1,0 +1,200 @@
+"""Keras callbacks that write files, under an mpidist strategy, with unchanged user code: one
+writer (the chief), atomic, readable by every rank when the callback returns, errors on every rank;
+training equal to one process's."""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+pytestmark = pytest.mark.mpi
+GLOBAL_BATCH = 16
+
+
+def data(n: int = 64, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    return x, (x[:, :3].sum(axis=1) > 0).astype(np.int64)
+
+
+def build_model():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A directory every rank sees (rank 0 makes it, removes it afterwards)."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-keras-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def same_everywhere(comm, value):
+    everyone = comm.allgather(value)
+    assert all(v == everyone[0] for v in everyone), everyone
+    return everyone[0]
+
+
+def no_temporary_files(directory):
+    assert not [f for f in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if "mpidist-tmp" in f]
+
+
+@pytest.mark.parametrize("name, weights_only, best_only, save_freq", [
+    ("w.weights.h5", True, False, "epoch"),
+    ("m.keras", False, False, "epoch"),
+    ("best.keras", False, True, "epoch"),
+    ("e{epoch:02d}.weights.h5", True, True, "epoch"),
+    ("sub/dir/b.weights.h5", True, False, 3),  # every 3 batches (4 batches per epoch); directories made
+])
+def test_model_checkpoint(strategy, comm, shared_dir, name, weights_only, best_only, save_freq):
+    x, y = data()
+    with strategy.scope():
+        model = build_model()
+    path = os.path.join(shared_dir, name)
+    callback = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=best_only,
+                                               save_weights_only=weights_only, save_freq=save_freq)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[callback])
+    written = same_everywhere(comm, sorted(os.path.relpath(f, shared_dir)
+                                           for f in glob.glob(os.path.join(shared_dir, "**", "*.*"), recursive=True)))
+    assert written, "nothing written"
+    no_temporary_files(shared_dir)
+    same_everywhere(comm, None if callback.best is None else float(callback.best))
+    newest = os.path.join(shared_dir, written[-1])
+    with strategy.scope():  # every rank reads the chief's file
+        if weights_only:
+            loaded = build_model()
+            loaded.load_weights(newest)
+        else:
+            loaded = keras.models.load_model(newest)
+    if not best_only or callback.best == min(model.history.history["loss"]):  # the last epoch was the best
+        for a, b in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_model_checkpoint_error_is_raised_on_every_rank(strategy, comm, shared_dir):
+    blocker = os.path.join(shared_dir, "a-file")
+    if comm.Get_rank() == 0:
+        open(blocker, "w").close()
+    comm.Barrier()
+    x, y = data()
+    with strategy.scope():
+        model = build_model()
+    callback = keras.callbacks.ModelCheckpoint(os.path.join(blocker, "w.weights.h5"), save_weights_only=True)
+    with pytest.raises(Exception) as info:  # the chief's write fails; the others must not wait for it
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    if comm.Get_rank() != 0:
+        assert "rank 0 failed" in str(info.value)
+
+
+def test_backup_and_restore_resumes_on_every_rank(strategy, comm, shared_dir):
+    x, y = data(seed=1)
+    backup = os.path.join(shared_dir, "backup")
+    with strategy.scope():
+        model = build_model()
+    initial = model.get_weights()
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False, double_checkpoint=True)])
+    assert same_everywhere(comm, sorted(os.listdir(backup))) == sorted(
+        ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json", "training_metadata.json.bkp"])
+    with strategy.scope():
+        resumed = build_model()
+    history = resumed.fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0,
+                          callbacks=[keras.callbacks.BackupAndRestore(backup)])
+    assert len(history.history["loss"]) == 2  # epochs 3 and 4 only
+    assert same_everywhere(comm, os.path.exists(backup)) is False  # deleted (once) at the end
+    with strategy.scope():
+        straight = build_model()
+    straight.set_weights(initial)
+    straight.fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0)
+    for a, b in zip(resumed.get_weights(), straight.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_csv_logger_writes_once(strategy, comm, shared_dir):
+    x, y = data(seed=2)
+    with strategy.scope():
+        model = build_model()
+    csv = os.path.join(shared_dir, "log.csv")
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0,
+                        callbacks=[keras.callbacks.CSVLogger(csv)])
+    comm.Barrier()  # the chief has closed its file before fit returned
+    with open(csv) as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 1 + 3 and lines[0].startswith("epoch"), lines
+    column = lines[0].split(",").index("loss")
+    np.testing.assert_allclose([float(row.split(",")[column]) for row in lines[1:]], history.history["loss"],
+                               rtol=1e-5)
+
+
+def test_tensorboard_writes_once(strategy, comm, shared_dir):
+    pytest.importorskip("tensorboard")
+    x, y = data(seed=2)
+    with strategy.scope():
+        model = build_model()
+    logs = os.path.join(shared_dir, "tb")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[keras.callbacks.TensorBoard(logs)])
+    comm.Barrier()
+    events = same_everywhere(comm, sorted(glob.glob(os.path.join(logs, "**", "events.*"), recursive=True)))
+    assert [os.path.basename(os.path.dirname(e)) for e in events] == ["train"], events
+
+
+def test_early_stopping_stops_every_rank_at_the_same_epoch(strategy, comm):
+    x, y = data(seed=3)
+    with strategy.scope():
+        model = build_model()
+    initial = model.get_weights()
+    stop = dict(monitor="loss", min_delta=0.05, patience=1)
+    callback = keras.callbacks.EarlyStopping(**stop)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=50, shuffle=False, verbose=0, callbacks=[callback])
+
+    def single():
+        reference = build_model()
+        reference.set_weights(initial)
+        ref_callback = keras.callbacks.EarlyStopping(**stop)
+        reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=50, shuffle=False, verbose=0, callbacks=[ref_callback])
+        return ref_callback.stopped_epoch
+    expected = comm.bcast(single() if comm.Get_rank() == 0 else None, root=0)
+    assert 0 < expected < 49
+    assert same_everywhere(comm, callback.stopped_epoch) == expected
+
+
+def test_interrupted_write_keeps_the_previous_file(strategy, comm, shared_dir, monkeypatch):
+    """The chief writes to a temporary name and renames: a write that fails before the rename leaves
+    the previous checkpoint untouched and no temporary file, and every rank gets the error."""
+    from mpidist.keras import files
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: Keras's own write (the patches act for several ranks only)")
+    x, y = data(seed=4)
+    with strategy.scope():
+        model = build_model()
+    path = os.path.join(shared_dir, "w.weights.h5")
+    callback = keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    with open(path, "rb") as f:
+        before = f.read()
+    if comm.Get_rank() == 0:
+        def fail(src, dst):
+            raise OSError(f"injected failure renaming {src}")
+        monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(Exception, match="injected failure"):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    monkeypatch.undo()
+    comm.Barrier()
+    with open(path, "rb") as f:
+        assert f.read() == before
+    no_temporary_files(shared_dir)

@@ -1,0 +1,85 @@
+"""tf.train.Checkpoint.save / write and CheckpointManager.save called by every rank on one shared
+directory under an mpidist strategy: one writer, the same path on every rank, restorable everywhere
+(without the patch the ranks race: NotFoundError on ckpt-1_temp)."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def shared_dir(comm):
+    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-tfckpt-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def same_everywhere(comm, value):
+    everyone = comm.allgather(value)
+    assert all(v == everyone[0] for v in everyone), everyone
+    return everyone[0]
+
+
+@pytest.mark.parametrize("in_scope", [True, False])
+def test_every_rank_saves_one_checkpoint(strategy, comm, shared_dir, in_scope):
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((8, 4)), np.zeros((8, 3)), batch_size=8, verbose=0)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    prefix = os.path.join(shared_dir, "ckpt")
+    paths = []
+    for _ in range(3):
+        if in_scope:
+            with strategy.scope():
+                paths.append(ckpt.save(prefix))
+        else:  # as in TensorFlow's custom-loop tutorial: outside the scope
+            paths.append(ckpt.save(prefix))
+    assert same_everywhere(comm, paths) == [f"{prefix}-{i}" for i in (1, 2, 3)]
+    assert int(ckpt.save_counter.numpy()) == 3
+    assert tf.train.latest_checkpoint(shared_dir) == paths[-1]
+    written = same_everywhere(comm, ckpt.write(os.path.join(shared_dir, "plain")))
+    saved = [v.numpy() for v in model.variables]
+    for v in model.variables:
+        v.assign(tf.zeros_like(v))
+    ckpt.restore(written).expect_partial()
+    for v, expected in zip(model.variables, saved):
+        np.testing.assert_array_equal(v.numpy(), expected)
+    assert not [f for f in os.listdir(shared_dir) if "temp" in f]
+
+
+def test_checkpoint_manager_on_every_rank(strategy, comm, shared_dir):
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+    ckpt = tf.train.Checkpoint(v=v)
+    with strategy.scope():
+        manager = tf.train.CheckpointManager(ckpt, shared_dir, max_to_keep=2)
+        paths = [manager.save() for _ in range(4)]
+    assert same_everywhere(comm, paths)[-1].endswith("ckpt-4")
+    assert manager.latest_checkpoint == paths[-1]
+    kept = same_everywhere(comm, sorted(f for f in os.listdir(shared_dir) if f.endswith(".index")))
+    assert kept == ["ckpt-3.index", "ckpt-4.index"]  # the chief swept the old ones
+
+
+def test_unrelated_checkpoint_is_tensorflows_own(strategy, comm):
+    """A checkpoint of nothing built under the strategy, saved outside its scope: each rank its own."""
+    private = tempfile.mkdtemp(prefix=f"mpidist-own-{comm.Get_rank()}-")
+    try:
+        ckpt = tf.train.Checkpoint(v=tf.Variable(float(comm.Get_rank())))
+        path = ckpt.save(os.path.join(private, "own"))
+        assert path.startswith(private) and os.path.exists(path + ".index")
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
