@@ -10,7 +10,8 @@ same path once the files are complete, and an error is raised on every rank. So 
 collective: make it on every rank, as TensorFlow's multi-worker guide says.
 
 A checkpoint belongs to a strategy when it is saved inside that strategy's scope, or when one of
-the objects it was given (a Keras model or optimizer) was built in that strategy's scope.
+the objects it was given (a Keras model or optimizer) was built in that strategy's scope. Ranks
+that each pass a path of their own (one allreduce tells) write it themselves, as without a strategy.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any
         def method(self: Any, file_prefix: Any, options: Any = None, **kwargs: Any) -> Any:
             # the chief's own call inside the collective save is TensorFlow's
             strategy = None if (checkpoint.chief_writing() or kwargs) else strategy_of(self)
-            if strategy is None:
+            if strategy is None or not checkpoint.same_on_every_rank(strategy, file_prefix):
                 return original(self, file_prefix, options=options, **kwargs)
             return helper(self, file_prefix, strategy=strategy, options=options)
         return method

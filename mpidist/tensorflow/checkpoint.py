@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import hashlib
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -136,6 +138,18 @@ def any_rank(strategy: MPIStrategy, flag: bool) -> bool:
     """Collective: whether ``flag`` is true on any rank (one tiny allreduce)."""
     found = strategy.engine.allreduce(np.array([bool(flag)]), "max", **strategy.extended._default_call.kwargs())
     return bool(found[0])
+
+
+def same_on_every_rank(strategy: MPIStrategy, path: Any) -> bool:
+    """Collective: whether every rank passed the same ``path`` (one allreduce of its hash's bounds).
+
+    Ranks that each name a path of their own write it themselves (nothing is shared, nothing
+    races); one path named by every rank is written by the chief alone.
+    """
+    digest = np.frombuffer(hashlib.sha256(os.fspath(path).encode()).digest()[:8], dtype=np.int64)
+    low_high = np.concatenate([digest, -digest])
+    found = strategy.engine.allreduce(low_high, "min", **strategy.extended._default_call.kwargs())
+    return bool(found[0] == -found[1])
 
 
 def _save(strategy: MPIStrategy, checkpoint: Any, write_on_chief: Any, on_others: Any, where: str) -> str:
