@@ -11,12 +11,16 @@ a real GPU and skip without one. These tests have NOT been run on a real GPU yet
 
 Each engine configuration fixes its path at its first GPU collective (the job's facts are
 gathered once per engine): "auto", "nccl" (skipped where NCCL is unusable, e.g. two ranks on one
-GPU before NCCL 2.30), "mpi-staged" (RING, staged through host memory) and "mpi-device" (RING on
-device pointers; skipped unless the MPI library says it is CUDA-aware).
+GPU before NCCL 2.30), "nccl-device" (NCCL, with MPI across nodes on device pointers),
+"mpi-staged" (RING, staged through host memory) and "mpi-device" (RING on device pointers); the
+"-device" ones are skipped on a GPU unless the MPI library says it is CUDA-aware. On the fake
+(whose streams keep work pending until the host waits: fake_stream.py) a missing wait before MPI
+reads device memory gives wrong results.
 """
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 import tempfile
@@ -47,8 +51,8 @@ REAL_GPU = gpu_available()
 # without a GPU every test here runs on fake_cupy/fake_nccl: marked so, and counted apart in the summary
 pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
 
-CONFIGS = {"auto": ("auto", "auto"), "nccl": ("nccl", "auto"), "mpi-staged": ("ring", "no"),
-           "mpi-device": ("ring", "yes")}
+CONFIGS = {"auto": ("auto", "auto"), "nccl": ("nccl", "auto"), "nccl-device": ("nccl", "yes"),
+           "mpi-staged": ("ring", "no"), "mpi-device": ("ring", "yes")}
 Setup = collections.namedtuple("Setup", "name engine implementation path")
 
 
@@ -360,8 +364,9 @@ def test_the_fake_refuses_what_a_gpu_would_punish(cp):
     x = cp.ones(8, dtype=cp.float32)
     with pytest.raises(RuntimeError, match="not aligned"):
         comm.allReduce(x.data.ptr + 2, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
-    nccl.groupStart()
     y = cp.ones(8, dtype=cp.float32)
+    cp.cuda.get_current_stream().synchronize()  # (a pending fill would keep y alive)
+    nccl.groupStart()
     comm.allReduce(y.data.ptr, y.data.ptr, 8, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
     del y  # freed before the group ran its call
     with pytest.raises(RuntimeError, match="freed before the NCCL call ran"):
@@ -372,6 +377,41 @@ def test_the_fake_refuses_what_a_gpu_would_punish(cp):
         x[...] = np.zeros(8, np.float32)  # host data into device memory needs an explicit copy
     with pytest.raises(TypeError):
         cp.ones(3, dtype=cp.int32).__itruediv__(2)  # CuPy casts in place only within a kind
+
+
+@pytest.mark.skipif(REAL_GPU, reason="checks the fake CuPy's own strictness")
+def test_the_fake_stream_keeps_work_pending_until_a_wait(cp):
+    """What the host reads through a device pointer (as CUDA-aware MPI does) is stale until it
+    waits, whichever way it waits; a missing wait in mpidist therefore fails a test."""
+    def raw(a):
+        return np.frombuffer((ctypes.c_char * a.nbytes).from_address(a.data.ptr), dtype=a.dtype).copy()
+
+    stream = cp.cuda.get_current_stream()
+    x = cp.zeros(4, dtype=cp.float32)
+    assert not (raw(x) == 0).any()  # the fill has not run: fresh memory holds 0xA5 bytes
+    stream.synchronize()
+    np.testing.assert_array_equal(raw(x), 0)
+    x += 1
+    np.testing.assert_array_equal(raw(x), 0)
+    stream.record().synchronize()  # an event
+    np.testing.assert_array_equal(raw(x), 1)
+    y = x * 2
+    assert not (raw(y) == 2).any()
+    cp.cuda.Device().synchronize()
+    np.testing.assert_array_equal(raw(y), 2)
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    z = cp.empty(4, dtype=cp.float32)
+    comm.allReduce(y.data.ptr, z.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    assert not (raw(z) == 2).any()  # the NCCL call is queued, not run
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(raw(z), 2)
+    x += 1
+    np.testing.assert_array_equal(x.get(), 2)  # a blocking copy to the host waits first
+    x += 1
+    while not stream.done:  # polling is waiting too
+        pass
+    np.testing.assert_array_equal(raw(x), 3)
 
 
 # -- strategies (NumPy framework) -------------------------------------------------------------------
