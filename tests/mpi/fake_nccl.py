@@ -4,9 +4,10 @@ Every NCCL call takes raw pointers, as CuPy's does. When the call is made, each 
 to the live fake allocation that holds it (an error if none does) and checked for alignment;
 inside ``groupStart()``/``groupEnd()`` the call is issued at ``groupEnd()``, and only if those
 allocations are still alive then. Issued calls are queued on the fake device (fake_stream.py) and
-run when the host synchronises or another rank's device runs the same call. Reductions gather every rank's buffer and reduce in NumPy in the
-buffer's dtype (bfloat16 through ml_dtypes); the communicator is an MPI communicator of the ranks
-that built it with the same unique id, found by a point-to-point rendezvous at the creating rank.
+run when the host synchronises or another rank's device runs the same call. Reductions gather
+every rank's buffer and reduce in NumPy in the buffer's dtype (bfloat16 through ml_dtypes); the
+communicator is an MPI communicator of the ranks that built it with the same unique id, found by a
+point-to-point rendezvous at the creating rank.
 """
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def groupEnd() -> None:  # noqa: N802 - CuPy's name
 
 
 def _streams() -> set[int]:
-    return {fake_stream.current().ptr, 0} | {s.ptr for s in fake_stream.Stream._known}
+    return {fake_stream.current().ptr} | fake_stream.stream_pointers()
 
 
 def _issue(calls: list) -> None:

@@ -236,3 +236,8 @@ _current: list[Stream] = [NULL]
 
 def current() -> Stream:
     return _current[0]
+
+
+def stream_pointers() -> set[int]:
+    """The ``ptr`` of every stream alive (the null stream's is 0)."""
+    return {s.ptr for s in Stream._known}
