@@ -1,7 +1,7 @@
 """Run pytest on every rank of an MPI job (used by tests/run).
 
 Rank 0 reports to the terminal; rank N writes to tests/.logs/<label>.rank<N>.log, which is
-printed if that rank fails. When a rank has finished, it waits up to GRACE seconds for the
+printed if that rank fails. Exit 5 (no tests collected) is a failure, as any non-zero exit. When a rank has finished, it waits up to GRACE seconds for the
 others (non-blocking barrier); if they do not arrive, it aborts the job so that no rank is left
 waiting in a collective forever.
 """
@@ -31,8 +31,9 @@ def main() -> int:
     code = int(pytest.main(sys.argv[1:] + ["-p", "no:cacheprovider"]))
     sys.stdout.flush()
     sys.stderr.flush()
-    failed = code not in (0, 5)
-    if rank and failed:
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED and rank == 0:  # a wrong path or selection: not a pass
+        os.write(terminal, f"rank {rank}: no tests were collected (pytest exit {code}): a failure\n".encode())
+    if rank and code:
         with open(log, "rb") as f:
             os.write(terminal, f"\n--- rank {rank} failed (exit {code}); its log {log}:\n".encode() + f.read())
     request = comm.Ibarrier()

@@ -14,12 +14,23 @@ import pytest
 JOBS = pathlib.Path(__file__).parent / "jobs"
 
 
-def mpirun_command(n: int) -> list[str]:
+def _launcher() -> tuple[str, bool]:
+    """(mpirun executable, whether it is Open MPI's)."""
     exe = os.environ.get("MPITEST_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
     if exe is None:
         pytest.skip("no mpirun on PATH")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    flags = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"] if "Open MPI" in version else []
+    return exe, "Open MPI" in version
+
+
+def launcher_name() -> str:
+    """The name ``mpidist info`` must report for the ranks of :func:`mpirun_command`'s jobs."""
+    return "mpirun (Open MPI)" if _launcher()[1] else "mpiexec (MPICH/Hydra)"
+
+
+def mpirun_command(n: int) -> list[str]:
+    exe, open_mpi = _launcher()
+    flags = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"] if open_mpi else []
     return [exe, "-n", str(n), *flags]
 
 

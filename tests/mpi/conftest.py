@@ -1,15 +1,56 @@
-"""Fixtures of the MPI tests: they run at any -n and read rank and size at run time."""
+"""Fixtures of the MPI tests: they run at any -n and read rank and size at run time.
+
+Markers: ``fake_gpu`` marks tests that ran on the host fake of CuPy and NCCL (fake_cupy.py,
+fake_nccl.py), not on a GPU. The terminal summary says how many of the passes were such tests,
+and with ``MPITEST_COUNTS=FILE`` rank 0 writes ``passed fake_gpu_passed`` there (tests/run
+shows them in its summary).
+"""
 from __future__ import annotations
+
+import contextlib
+import os
 
 import pytest
 from mpi4py import MPI
 
 import mpidist
 
+FAKE_GPU_NOTE = "on the host fake of CuPy/NCCL, not a GPU"
+_counts = {"passed": 0, "fake_gpu": 0}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"fake_gpu: a GPU test that ran {FAKE_GPU_NOTE}")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        _counts["passed"] += 1
+        if "fake_gpu" in report.keywords:
+            _counts["fake_gpu"] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    passed, fake = _counts["passed"], _counts["fake_gpu"]
+    if fake:
+        terminalreporter.write_line(f"{passed} passed, of which {fake} {FAKE_GPU_NOTE}", yellow=True)
+    target = os.environ.get("MPITEST_COUNTS")
+    if target and MPI.COMM_WORLD.Get_rank() == 0:
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(f"{passed} {fake}\n")
+
 
 @pytest.fixture(scope="session")
 def comm() -> MPI.Intracomm:
     return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def rc_settings():
+    """``rc_settings(name=value, ...)`` overrides mpidist.rc for the rest of the test; the previous
+    settings come back when the test ends, however it ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(mpidist.rc.override(**settings))
 
 
 def _closed_after_use():

@@ -12,7 +12,12 @@ What it checks, as strictly as real CuPy or stricter:
 - every allocation is registered, so that fake_nccl.py can match NCCL's raw pointers to live
   allocations, and tell when a buffer was freed before a grouped NCCL call ran.
 
-What it cannot check: stream ordering (everything here runs at once), CuPy's memory pool, real
+- streams (fake_stream.py): kernels, copies to the device and NCCL calls stay pending until the
+  host synchronises (or another rank's NCCL call needs them), so a missing wait before the host
+  reads device memory (MPI on device pointers) reads stale memory and fails a test; fresh
+  allocations hold 0xA5 bytes, as uninitialised memory would.
+
+What it cannot check: ordering between two streams (one queue for all), CuPy's memory pool, real
 CUDA-aware MPI, DLPack with TensorFlow, NCCL's own limits. Those need a GPU (docs/gpu.md).
 
 ``install()`` puts ``cupy``, ``cupy.cuda``, ``cupy.cuda.nccl``, ``cupy.cuda.runtime`` and
@@ -20,45 +25,97 @@ CUDA-aware MPI, DLPack with TensorFlow, NCCL's own limits. Those need a GPU (doc
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import sys
 import types
+import warnings
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
+import fake_stream
+from fake_stream import Event, Stream
+
 transfers = {"to_device": 0, "to_host": 0}   # bytes copied across the (pretend) PCIe bus
-_live: dict[int, tuple[int, int]] = {}       # serial -> (start address, nbytes) of live allocations
+_live: dict[int, tuple[int, int, weakref.ref]] = {}  # serial -> (start, nbytes, array) of live allocations
 _serials = itertools.count()
 _current_device = [0]
+POISON = 0xA5                                # the bytes of a fresh allocation
 
 
 def _allocation(a: np.ndarray) -> np.ndarray:
     """Register ``a`` (a fresh NumPy array) as a device allocation that NCCL calls may point into."""
     serial = next(_serials)
-    _live[serial] = (a.ctypes.data, a.nbytes)
+    _live[serial] = (a.ctypes.data, a.nbytes, weakref.ref(a))
     weakref.finalize(a, _live.pop, serial, None)
     return a
+
+
+def _live_items() -> list:
+    """A snapshot of the live allocations (the device thread, or the garbage collector, may free
+    some while it is taken: then take it again)."""
+    while True:
+        try:
+            return list(_live.items())
+        except RuntimeError:  # dictionary changed size during iteration
+            continue
 
 
 def allocation_of(ptr: int, nbytes: int, what: str) -> int | None:
     """The serial number of the live allocation holding ``nbytes`` at ``ptr`` (None for 0 bytes)."""
     if nbytes == 0:
         return None
-    for serial, (start, size) in _live.items():
+    for serial, (start, size, _) in _live_items():
         if start <= ptr and ptr + nbytes <= start + size:
             return serial
     raise RuntimeError(f"fake NCCL: {what} points at {nbytes} bytes at {ptr:#x}, which no live device "
                        f"allocation holds")
 
 
-def check_alive(serial: int | None, what: str) -> None:
-    """Raise if allocation ``serial`` was freed (its address may hold another array by now)."""
-    if serial is not None and serial not in _live:
+def keep_alive(serial: int | None, what: str) -> np.ndarray | None:
+    """The array of allocation ``serial``, to keep it until a queued call has run (as CuPy's pool
+    keeps a block for work queued on its stream); raise if it was freed already (its address may
+    hold another array by now)."""
+    if serial is None:
+        return None
+    entry = _live.get(serial)
+    array = entry[2]() if entry is not None else None
+    if array is None:
         raise RuntimeError(f"fake NCCL: the buffer of {what} was freed before the NCCL call ran (inside a "
                            f"group, calls run at groupEnd: keep their buffers referenced until then)")
+    return array
+
+
+def _fresh(shape: Any, dtype: Any) -> "ndarray":
+    """A new device array of uninitialised (0xA5) memory."""
+    a = np.empty(shape, dtype=dtype)
+    ctypes.memset(a.ctypes.data, POISON, a.nbytes)
+    return ndarray(_allocation(a))
+
+
+def _launch(fn: Callable[[], Any], what: str) -> None:
+    """Queue a kernel on the (one) stream: it runs when the device gets there (fake_stream.py)."""
+    fake_stream.device().enqueue(fn, what)
+
+
+def _stand_in(x: Any) -> Any:
+    """What a probe computes with instead of a device operand: ones of its shape and dtype."""
+    return np.ones(x.shape, x.dtype) if isinstance(x, ndarray) else x
+
+
+def _result(fn: Callable[..., np.ndarray], operands: list[Any], what: str) -> "ndarray":
+    """A new device array that will hold ``fn(*operands)``: its shape and dtype (and errors such as
+    a bad cast or shape) come at once from a probe on stand-ins, its values when the kernel runs."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = np.asarray(fn(*[_stand_in(o) for o in operands]))
+    out = _fresh(probe.shape, probe.dtype)
+    inputs = [_device_operand(o, what) for o in operands]
+    _launch(lambda: out._a.__setitem__(..., fn(*inputs)), what)
+    return out
 
 
 class _Pointer:
@@ -67,7 +124,7 @@ class _Pointer:
 
 
 class Device:
-    def __init__(self, device: int = None) -> None:
+    def __init__(self, device: int | None = None) -> None:
         self.id = _current_device[0] if device is None else int(device)
         self._previous: list[int] = []
 
@@ -79,7 +136,7 @@ class Device:
         _current_device[0] = self.id
 
     def synchronize(self) -> None:
-        pass
+        fake_stream.device().synchronize()
 
     def __enter__(self) -> "Device":
         self._previous.append(_current_device[0])
@@ -88,17 +145,6 @@ class Device:
 
     def __exit__(self, *exc: Any) -> None:
         _current_device[0] = self._previous.pop()
-
-
-class Stream:
-    ptr = 0
-    done = True
-
-    def synchronize(self) -> None:
-        pass
-
-
-_STREAM = Stream()
 
 
 class ndarray:
@@ -141,11 +187,20 @@ class ndarray:
     def _wrap(self, a: Any) -> "ndarray":
         return ndarray(np.asarray(a), self._device)
 
+    def _derived(self, fn: Callable[[np.ndarray], np.ndarray], what: str) -> "ndarray":
+        """A view of this array (at once), or where NumPy would copy, a kernel's result."""
+        with np.errstate(all="ignore"), warnings.catch_warnings():  # (on whatever the memory holds now)
+            warnings.simplefilter("ignore")
+            view = fn(self._a)
+        if isinstance(view, np.ndarray) and np.shares_memory(view, self._a):
+            return self._wrap(view)
+        return _result(fn, [self], what)
+
     def reshape(self, *shape: Any) -> "ndarray":
-        return self._wrap(self._a.reshape(*shape))
+        return self._derived(lambda a: a.reshape(*shape), "reshape")
 
     def ravel(self) -> "ndarray":
-        return self._wrap(self._a.ravel())
+        return self._derived(lambda a: a.ravel(), "ravel")
 
     def view(self, dtype: Any) -> "ndarray":
         return self._wrap(self._a.view(dtype))
@@ -153,41 +208,81 @@ class ndarray:
     def astype(self, dtype: Any, copy: bool = True) -> "ndarray":
         if not copy and np.dtype(dtype) == self.dtype:
             return self
-        return self._wrap(_allocation(self._a.astype(dtype)))
+        return _result(lambda a: a.astype(dtype), [self], "astype")
 
     def copy(self) -> "ndarray":
-        return self._wrap(_allocation(self._a.copy()))
+        return _result(np.copy, [self], "copy")
 
-    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
+            blocking: bool = True) -> np.ndarray:
+        """A copy in host memory; blocking (the default, as in CuPy): waits for the stream first."""
+        if out is not None and (not isinstance(out, np.ndarray) or out.shape != self.shape
+                                or out.dtype != self.dtype or not out.flags.c_contiguous):
+            raise ValueError("fake cupy: `out` must be a C-contiguous NumPy array of the same shape and dtype")
         transfers["to_host"] += self.nbytes
+        if not blocking:
+            if out is None:
+                raise ValueError("fake cupy: get(blocking=False) needs `out`")
+            _launch(lambda: out.__setitem__(..., self._a), "get (device to host)")
+            return out
+        fake_stream.device().synchronize()
         if out is None:
             return self._a.copy()
-        if not isinstance(out, np.ndarray) or out.shape != self.shape or out.dtype != self.dtype \
-                or not out.flags.c_contiguous:
-            raise ValueError("fake cupy: `out` must be a C-contiguous NumPy array of the same shape and dtype")
         out[...] = self._a
         return out
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Copy host data in: synchronous on the null stream (CuPy's cudaMemcpy), else queued on
+        the stream, reading ``arr`` when it runs (the host must not touch ``arr`` before a wait)."""
         if not self.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         if not isinstance(arr, np.ndarray) or arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError("fake cupy: set() needs a NumPy array of the same shape and dtype")
         transfers["to_device"] += arr.nbytes
-        self._a[...] = arr
+        if stream is None and fake_stream.current().ptr == 0:
+            fake_stream.device().synchronize()
+            self._a[...] = arr
+        else:
+            _launch(lambda: self._a.__setitem__(..., arr), "set (host to device)")
 
     def __getitem__(self, key: Any) -> "ndarray":
-        return self._wrap(self._a[key])
+        return self._derived(lambda a: a[key], "__getitem__")
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._a[key] = _device_operand(value, "__setitem__")
+        operand = _device_operand(value, "__setitem__")
+        np.empty(self.shape, self.dtype)[key] = _stand_in(value)  # shape and cast errors at once
+        _launch(lambda: self._a.__setitem__(key, operand), "__setitem__")
+
+    def _read(self) -> np.ndarray:
+        """This array's values on the host, as CuPy's conversions to Python values: after a wait."""
+        fake_stream.device().synchronize()
+        return self._a
+
+    def __bool__(self) -> bool:
+        return bool(self._read())
+
+    def __float__(self) -> float:
+        return float(self._read())
+
+    def __int__(self) -> int:
+        return int(self._read())
+
+    def item(self) -> Any:
+        return self._read().item()
+
+    def tolist(self) -> Any:
+        return self._read().tolist()
 
     # -- arithmetic (what mpidist and the tests use) -----------------------------------------------
     def _binary(self, other: Any, fn: Any) -> "ndarray":
-        return self._wrap(_allocation(np.asarray(fn(self._a, _device_operand(other, "arithmetic")))))
+        return _result(fn, [self, other], fn.__name__)
 
     def _inplace(self, other: Any, fn: Any) -> "ndarray":
-        fn(self._a, _device_operand(other, "arithmetic"), out=self._a, casting="same_kind")  # as CuPy
+        operand = _device_operand(other, "arithmetic")
+        probe = np.ones(self.shape, self.dtype)
+        with np.errstate(all="ignore"):
+            fn(probe, _stand_in(other), out=probe, casting="same_kind")  # cast errors at once, as CuPy's
+        _launch(lambda: fn(self._a, operand, out=self._a, casting="same_kind"), fn.__name__)
         return self
 
     __add__ = lambda self, o: self._binary(o, np.add)
@@ -202,8 +297,8 @@ class ndarray:
     __iadd__ = lambda self, o: self._inplace(o, np.add)
     __itruediv__ = lambda self, o: self._inplace(o, np.true_divide)
     __ifloordiv__ = lambda self, o: self._inplace(o, np.floor_divide)
-    __neg__ = lambda self: self._wrap(_allocation(-self._a))
-    __abs__ = lambda self: self._wrap(_allocation(np.abs(self._a)))
+    __neg__ = lambda self: _result(np.negative, [self], "negative")
+    __abs__ = lambda self: _result(np.abs, [self], "absolute")
     __hash__ = None
 
 
@@ -217,22 +312,28 @@ def _device_operand(value: Any, what: str) -> Any:
                     f"copy it to the device explicitly")
 
 
-def _new(a: np.ndarray) -> ndarray:
-    return ndarray(_allocation(a))
+def _filled(shape: Any, value: Any, dtype: Any) -> ndarray:
+    """A new device array and a fill kernel queued (cudaMemsetAsync-like)."""
+    out = _fresh(shape, np.full((), value, dtype=dtype).dtype)
+    _launch(lambda: out._a.fill(value), "fill")
+    return out
 
 
 def asarray(x: Any, dtype: Any = None) -> ndarray:
+    """Host data to the device: copied at once into a staging buffer, then to the device on the stream."""
     if isinstance(x, ndarray):
         return x if dtype is None or np.dtype(dtype) == x.dtype else x.astype(dtype)
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
         raise TypeError("fake cupy: foreign device arrays are not supported")
     host = np.array(x, dtype=dtype, copy=True, order="C")
     transfers["to_device"] += host.nbytes
-    return _new(host)
+    out = _fresh(host.shape, host.dtype)
+    _launch(lambda: out._a.__setitem__(..., host), "asarray (host to device)")
+    return out
 
 
 def ascontiguousarray(x: ndarray) -> ndarray:
-    return x if x.flags.c_contiguous else _new(np.ascontiguousarray(x._a))
+    return x if x.flags.c_contiguous else _result(np.ascontiguousarray, [x], "ascontiguousarray")
 
 
 def asnumpy(x: Any) -> np.ndarray:
@@ -242,43 +343,44 @@ def asnumpy(x: Any) -> np.ndarray:
 
 
 def empty(shape: Any, dtype: Any = float) -> ndarray:
-    return _new(np.empty(shape, dtype=dtype))
+    return _fresh(shape, dtype)
 
 
 def zeros(shape: Any, dtype: Any = float) -> ndarray:
-    return _new(np.zeros(shape, dtype=dtype))
+    return _filled(shape, 0, dtype)
 
 
 def ones(shape: Any, dtype: Any = float) -> ndarray:
-    return _new(np.ones(shape, dtype=dtype))
+    return _filled(shape, 1, dtype)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = None) -> ndarray:
-    return _new(np.full(shape, fill_value, dtype=dtype))
+    return _filled(shape, fill_value, dtype)
 
 
 def empty_like(x: ndarray, dtype: Any = None) -> ndarray:
-    return _new(np.empty_like(x._a, dtype=dtype))
+    return _fresh(x.shape, x.dtype if dtype is None else dtype)
 
 
 def zeros_like(x: ndarray, dtype: Any = None) -> ndarray:
-    return _new(np.zeros_like(x._a, dtype=dtype))
+    return _filled(x.shape, 0, x.dtype if dtype is None else dtype)
 
 
 def where(condition: ndarray, x: Any, y: Any) -> ndarray:
-    return _new(np.where(_device_operand(condition, "where"), _device_operand(x, "where"),
-                         _device_operand(y, "where")))
+    _device_operand(condition, "where")
+    return _result(np.where, [condition, x, y], "where")
 
 
 def abs(x: ndarray) -> ndarray:  # noqa: A001 - CuPy's name
-    return _new(np.abs(x._a))
+    return _result(np.abs, [x], "absolute")
 
 
 def _device_function(fn: Any) -> Any:
-    """A NumPy function on device arrays, giving device arrays (``sum``, ``moveaxis``, ...)."""
+    """A NumPy function on device arrays, giving device arrays: views at once (``moveaxis``),
+    computed results (``sum``, ...) by a kernel."""
     def run(x: ndarray, *args: Any, **kwargs: Any) -> ndarray:
-        out = fn(_device_operand(x, fn.__name__), *args, **kwargs)
-        return ndarray(np.asarray(out)) if np.shares_memory(out, x._a) else _new(np.asarray(out))
+        _device_operand(x, fn.__name__)
+        return x._derived(lambda a: np.asarray(fn(a, *args, **kwargs)), fn.__name__)
     run.__name__ = fn.__name__
     return run
 
@@ -309,11 +411,11 @@ def _modules() -> dict[str, types.ModuleType]:
                  "float16", "float32", "float64", "complex64", "complex128"):
         setattr(cupy, name, getattr(np, name))
     cupy.cuda, cupy.fake, cupy.__version__ = cuda, True, "14.0.0"
-    cuda.nccl, cuda.runtime, cuda.Device, cuda.Stream = nccl, runtime, Device, Stream
+    cuda.nccl, cuda.runtime, cuda.Device, cuda.Stream, cuda.Event = nccl, runtime, Device, Stream, Event
     cuda.is_available = lambda: True
-    cuda.get_current_stream = lambda: _STREAM
+    cuda.get_current_stream = fake_stream.current
     runtime.getDeviceCount = lambda: 1
-    runtime.deviceSynchronize = lambda: None
+    runtime.deviceSynchronize = lambda: fake_stream.device().synchronize()
     cupyx.empty_pinned = lambda shape, dtype=float: np.empty(shape, dtype=dtype)
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl, "cupy.cuda.runtime": runtime,
             "cupyx": cupyx}
@@ -326,11 +428,14 @@ def install() -> types.ModuleType:
     """Put the fake CuPy in ``sys.modules`` (collective over COMM_WORLD: every rank calls it); a
     real CuPy already imported (installed, but no GPU) is put aside until :func:`uninstall`."""
     _saved.update({n: sys.modules[n] for n in NAMES if n in sys.modules})
+    fake_stream.start()
     sys.modules.update(_modules())
     return sys.modules["cupy"]
 
 
 def uninstall() -> None:
+    """Run what is still queued, stop the device, and take the fake modules out again."""
+    fake_stream.stop()
     for name in NAMES:
         sys.modules.pop(name, None)
     sys.modules.update(_saved)

@@ -2,10 +2,12 @@
 
 Every NCCL call takes raw pointers, as CuPy's does. When the call is made, each pointer is matched
 to the live fake allocation that holds it (an error if none does) and checked for alignment;
-inside ``groupStart()``/``groupEnd()`` the call runs at ``groupEnd()``, and only if those
-allocations are still alive then. Reductions gather every rank's buffer and reduce in NumPy in the
-buffer's dtype (bfloat16 through ml_dtypes); the communicator is an MPI communicator of the ranks
-that built it with the same unique id, found by a point-to-point rendezvous at the creating rank.
+inside ``groupStart()``/``groupEnd()`` the call is issued at ``groupEnd()``, and only if those
+allocations are still alive then. Issued calls are queued on the fake device (fake_stream.py) and
+run when the host synchronises or another rank's device runs the same call. Reductions gather
+every rank's buffer and reduce in NumPy in the buffer's dtype (bfloat16 through ml_dtypes); the
+communicator is an MPI communicator of the ranks that built it with the same unique id, found by a
+point-to-point rendezvous at the creating rank.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import fake_cupy
+import fake_stream
 
 VERSION = 22105  # NCCL 2.21.5: ncclAvg and bfloat16
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"]
@@ -45,10 +48,14 @@ class _Buffer:
             raise RuntimeError(f"fake NCCL: {what} at {ptr:#x} is not aligned to its {dtype} elements "
                                f"(a GPU faults with 'misaligned address')")
         self.serial = fake_cupy.allocation_of(ptr, self.nbytes, what)
+        self.kept: np.ndarray | None = None
+
+    def keep(self) -> None:
+        """When the call is issued: raise if the allocation was freed, else keep it until the call ran."""
+        self.kept = fake_cupy.keep_alive(self.serial, self.what)
 
     def array(self) -> np.ndarray:
         """The memory as a NumPy array, when the call runs."""
-        fake_cupy.check_alive(self.serial, self.what)
         if self.nbytes == 0:
             return np.empty(0, self.dtype)
         return np.frombuffer((ctypes.c_char * self.nbytes).from_address(self.ptr), dtype=self.dtype)
@@ -75,14 +82,18 @@ class NcclCommunicator:
             members = world.recv(source=root, tag=tag)
         self.comm = world.Create_group(world.Get_group().Incl(members), tag)
         self.size, self.rank, self.aborted = ndev, rank, False
+        self.id, self.members, self.calls = (root, serial), members, 0
 
-    def _run(self, fn: Any) -> None:
+    def _run(self, fn: Any, stream: int, name: str, *buffers: "_Buffer | None") -> None:
         if self.aborted:
             raise RuntimeError("fake NCCL: communicator was aborted")
+        if stream not in _streams():
+            raise RuntimeError(f"fake NCCL: {name}: stream {stream:#x} is no stream of this CuPy")
+        call = (self, fn, name, [b for b in buffers if b is not None])
         if _group:
-            _group[-1].append(fn)
+            _group[-1].append(call)
         else:
-            fn()
+            _issue([call])
 
     def _reduced(self, send: np.ndarray, op: int) -> np.ndarray:
         stacked = np.empty((self.size,) + send.shape, send.dtype)
@@ -95,7 +106,8 @@ class NcclCommunicator:
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:
         d = _numpy_dtype(datatype)
         send, recv = _Buffer(sendbuf, count, d, "allReduce sendbuf"), _Buffer(recvbuf, count, d, "allReduce recvbuf")
-        self._run(lambda: recv.array().__setitem__(..., self._reduced(send.array().copy(), op)))
+        self._run(lambda: recv.array().__setitem__(..., self._reduced(send.array().copy(), op)), stream,
+                  "allReduce", send, recv)
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int,
                stream: int) -> None:
@@ -106,14 +118,15 @@ class NcclCommunicator:
             result = self._reduced(send.array().copy(), op)
             if self.rank == root:
                 recv.array()[...] = result
-        self._run(run)
+        self._run(run, stream, "reduce", send, recv)
 
     def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int,
                       stream: int) -> None:
         d, n, r = _numpy_dtype(datatype), recvcount, self.rank
         send = _Buffer(sendbuf, n * self.size, d, "reduceScatter sendbuf")
         recv = _Buffer(recvbuf, n, d, "reduceScatter recvbuf")
-        self._run(lambda: recv.array().__setitem__(..., self._reduced(send.array().copy(), op)[r * n:(r + 1) * n]))
+        self._run(lambda: recv.array().__setitem__(..., self._reduced(send.array().copy(), op)[r * n:(r + 1) * n]),
+                  stream, "reduceScatter", send, recv)
 
     def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int, stream: int) -> None:
         d = _numpy_dtype(datatype)
@@ -124,7 +137,7 @@ class NcclCommunicator:
             buf = send.array().copy() if send is not None else np.empty(count, d)
             self.comm.Bcast(buf.view(np.uint8), root=root)
             recv.array()[...] = buf
-        self._run(run)
+        self._run(run, stream, "broadcast", send, recv)
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
         d = _numpy_dtype(datatype)
@@ -135,7 +148,7 @@ class NcclCommunicator:
             mine, out = send.array().copy(), np.empty(count * self.size, d)
             self.comm.Allgather(mine.view(np.uint8), out.view(np.uint8))
             recv.array()[...] = out
-        self._run(run)
+        self._run(run, stream, "allGather", send, recv)
 
     def check_async_error(self) -> None:
         pass
@@ -154,8 +167,29 @@ def groupStart() -> None:  # noqa: N802 - CuPy's name
 
 
 def groupEnd() -> None:  # noqa: N802 - CuPy's name
-    for fn in _group.pop():
-        fn()
+    _issue(_group.pop())
+
+
+def _streams() -> set[int]:
+    return {fake_stream.current().ptr} | fake_stream.stream_pointers()
+
+
+def _issue(calls: list) -> None:
+    """Queue NCCL calls on the device, in order, once all their buffers are known to be alive."""
+    for _, _, _, buffers in calls:
+        for b in buffers:
+            b.keep()
+    device = fake_stream.device()
+    for comm, fn, name, buffers in calls:
+        comm.calls += 1
+        op = (comm.id, comm.calls)
+
+        def run(comm=comm, fn=fn, op=op, buffers=buffers) -> None:
+            device.nudge(comm.members, op)  # the peers' devices must run their part of it now
+            fn()
+            for b in buffers:
+                b.kept = None  # the allocations may go now
+        device.enqueue(run, f"NCCL {name}", op)
 
 
 def module() -> types.ModuleType:

@@ -19,29 +19,34 @@ from mpidist.errors import CommunicatorBrokenError, DeadlineExceededError
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
+EXPIRED = 7301  # tag of "my deadline has passed", sent to the late rank on COMM_WORLD
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "barrier"])
-def test_late_rank(comm, collective):
+def test_late_rank(comm, rc_settings, collective):
     engine = mpidist.Engine(comm)
-    settings = mpidist.rc.override(check_agreement=False, algorithm="flat")
-    settings.__enter__()
+    rc_settings(check_agreement=False, algorithm="flat")
     late = engine.size - 1
     x = np.ones(4)
     run = {"allreduce": lambda **kw: engine.allreduce(x, **kw),
            "broadcast": lambda **kw: engine.broadcast(x, root=late, **kw),  # non-roots wait for the root
            "barrier": lambda **kw: engine.barrier(**kw)}[collective]
     if engine.rank == late:
-        time.sleep(1.5)
+        for other in range(engine.size - 1):  # arrive only once every other rank's deadline has passed
+            comm.recv(source=other, tag=EXPIRED)
         run(timeout_seconds=30)  # completes: the others' abandoned requests are still posted
     else:
         start = time.monotonic()
-        with pytest.raises(DeadlineExceededError, match=f"{collective}: not finished within timeout_seconds=0.5"):
-            run(timeout_seconds=0.5)
-        assert time.monotonic() - start >= 0.5
-        with pytest.raises(CommunicatorBrokenError, match="refuses collectives because"):
-            engine.allreduce(x)
+        try:
+            with pytest.raises(DeadlineExceededError, match=f"{collective}: not finished within timeout_seconds=0.5"):
+                run(timeout_seconds=0.5)
+            assert time.monotonic() - start >= 0.5
+            with pytest.raises(CommunicatorBrokenError, match="refuses collectives because"):
+                engine.allreduce(x)
+        finally:  # a failure here must not leave the late rank waiting
+            comm.send(None, dest=late, tag=EXPIRED)
         while deadline.pending():  # the late rank's arrival completes the abandoned request
             time.sleep(0.01)
-    settings.__exit__(None, None, None)
     comm.Barrier()
     # recovery: a fresh communicator makes the broken engine usable again, on every rank
     fresh = comm.Dup()

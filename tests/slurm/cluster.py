@@ -264,7 +264,7 @@ class SlurmCluster:
     # ---- jobs --------------------------------------------------------------------------------
     def submit(self, script: str | Path, *args: str, options: Sequence[str] = (),
                env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-               timeout: float = 45.0) -> JobResult:
+               timeout: float = 150.0) -> JobResult:
         """sbatch ``script`` with ``args``, wait for a final state (polling scontrol), return the result."""
         out = self.root / "job-%j.out"
         cmd = ["sbatch", "--parsable", f"--output={out}", "--time=2", *options, str(script), *args]
