@@ -17,7 +17,8 @@ made from (base, k):
   on every rank.
 
 Ranks must build their shuffled pipelines in the same order (as SPMD programs do). A dataset
-built before the strategy is not covered.
+built before the strategy is not covered. The base comes from the widest strategy built so far
+(a node-local MirroredStrategy built later does not replace a MultiWorkerMirroredStrategy's).
 """
 from __future__ import annotations
 
@@ -28,17 +29,23 @@ import numpy as np
 
 from . import patching
 
-_state = {"base": None, "count": 0}
+_state = {"base": None, "count": 0, "size": 0}
 _DEFAULT_GRAPH_SEED = 87654321  # what TensorFlow reports as the global seed when none is set
 
 
 def register(strategy: Any) -> None:
-    """Collective over ``strategy``'s ranks (at its creation): agree on the base seed."""
+    """Collective over ``strategy``'s ranks (at its creation): agree on the base seed.
+
+    The seed is process-wide, so it is taken from the widest strategy built so far: a
+    MirroredStrategy (the ranks of one node) built after a MultiWorkerMirroredStrategy must not
+    give each node a base of its own. The broadcast always runs (collective on every rank).
+    """
     if patching.multi_rank(strategy) is None:
         return
     mine = np.array([random.SystemRandom().getrandbits(62)], dtype=np.int64)
-    _state["base"] = int(strategy.engine.broadcast(mine, root=0)[0])
-    _state["count"] = 0
+    base = int(strategy.engine.broadcast(mine, root=0)[0])
+    if strategy.engine.size >= _state["size"]:
+        _state.update(base=base, count=0, size=strategy.engine.size)
 
 
 def _global_seed_set() -> bool:

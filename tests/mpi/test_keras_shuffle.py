@@ -72,3 +72,15 @@ def test_dataset_shuffle_without_seed(strategy, comm):
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(ROWS).batch(GLOBAL_BATCH)
     model = fit(strategy, dataset)
     check(global_orders(comm, model))
+
+
+def test_node_local_strategy_built_later_keeps_the_global_agreement(strategy, comm):
+    """A MirroredStrategy (this node's ranks) built after the fixture's strategy agrees only within
+    its node; shuffles under the wider strategy must still agree over all of its ranks."""
+    import mpidist
+    with mpidist.rc.override(framework="tensorflow"):
+        with mpidist.MirroredStrategy() as node_local:
+            assert node_local.num_replicas_in_sync <= strategy.num_replicas_in_sync
+    x, y = data()
+    model = fit(strategy, x, y=y, batch_size=GLOBAL_BATCH, shuffle=True)
+    check(global_orders(comm, model))
