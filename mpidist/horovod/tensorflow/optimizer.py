@@ -92,6 +92,19 @@ def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dens
     return new
 
 
+def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as_dense: bool = False,
+                  op: Any = Average, gradient_predivide_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set) -> Any:
+    """Make a built Keras 3 optimizer allreduce its gradients, keeping its state (hvd.load_model)."""
+    optimizer.__class__ = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    optimizer._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, num_groups=0,
+                               groups=None, process_set=process_set, name="DistributedOptimizer")
+    optimizer._hvd_passes = 1
+    optimizer._hvd_average_aggregated = False
+    return optimizer
+
+
 class _V1Mixin:
     """``compute_gradients`` of a tf.compat.v1.train.Optimizer, allreduced."""
 
