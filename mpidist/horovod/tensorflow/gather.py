@@ -92,7 +92,10 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             summed = raw_allreduce([dy], Sum, process_set, name + "_grad")[0]
-            return summed if engine.rank == root_rank else tf.zeros_like(summed)
+            if engine.rank == root_rank:
+                return summed
+            with tf.control_dependencies([summed]):  # a v1 graph must still run the allreduce here
+                return tf.zeros_like(summed)
         return out, grad
 
     out = bcast(wired)
