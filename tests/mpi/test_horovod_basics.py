@@ -60,8 +60,12 @@ def test_shutdown_and_init_again():
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])
 def test_process_sets(mode):
     n, me = hvd.size(), hvd.rank()
+    if n == 1:
+        with pytest.raises(ValueError, match="exists already"):  # the same ranks as the global set
+            hvd.add_process_set([0])
+        pytest.skip("two process sets need two ranks")
     evens = hvd.add_process_set([r for r in range(n) if r % 2 == 0])
-    odds = hvd.add_process_set(hvd.ProcessSet([r for r in range(n) if r % 2 == 1])) if n > 1 else None
+    odds = hvd.add_process_set(hvd.ProcessSet([r for r in range(n) if r % 2 == 1]))
     try:
         mine = evens if me % 2 == 0 else odds
         members = mine.ranks
@@ -73,15 +77,13 @@ def test_process_sets(mode):
         np.testing.assert_array_equal(summed, np.sum([data(r, (3,)) for r in members], axis=0))
         np.testing.assert_array_equal(gathered, np.concatenate([data(r, (3,)) for r in members]))
         np.testing.assert_array_equal(bcast, data(members[0], (3,)))
-        if n > 1:
-            other = odds if mine is evens else evens
-            assert not other.included() and other.rank() is None
-            with pytest.raises(ValueError, match="not in process set"):
-                hvd.allreduce(tf.ones([1]), process_set=other)
+        other = odds if mine is evens else evens
+        assert not other.included() and other.rank() is None
+        with pytest.raises(ValueError, match="not in process set"):
+            hvd.allreduce(tf.ones([1]), process_set=other)
     finally:
         assert hvd.remove_process_set(evens)
-        if odds is not None:
-            assert hvd.remove_process_set(odds)
+        assert hvd.remove_process_set(odds)
     assert not hvd.remove_process_set(evens)
     with pytest.raises(ValueError, match="global process set"):
         hvd.remove_process_set(hvd.global_process_set)
@@ -92,6 +94,11 @@ def test_process_sets(mode):
 def test_process_set_from_communicator():
     world = MPI.COMM_WORLD
     sub = world.Split(0 if world.Get_rank() == 0 else MPI.UNDEFINED, world.Get_rank())
+    if world.Get_size() == 1:
+        with pytest.raises(ValueError, match="exists already"):
+            hvd.add_process_set(hvd.ProcessSet(sub))
+        sub.Free()
+        return
     ps = hvd.add_process_set(hvd.ProcessSet(sub))
     try:
         assert ps.ranks == [0]

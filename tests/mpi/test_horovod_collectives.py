@@ -166,3 +166,20 @@ def test_mismatch_is_an_error_on_every_rank():
     with pytest.raises(tf.errors.InvalidArgumentError, match="allreduce"):
         step()
     np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), [hvd.size()] * 2)  # still usable
+
+
+def test_broadcast_global_variables_in_a_v1_graph_and_keras_value_forms():
+    import mpidist.horovod.keras as hvdk
+    with pytest.raises(RuntimeError, match="eager"):
+        hvd.broadcast_global_variables(0)
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=data(hvd.rank(), (3,)))
+        op = hvd.broadcast_global_variables(hvd.size() - 1)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(op)
+            np.testing.assert_array_equal(sess.run(v), data(hvd.size() - 1, (3,)))
+    xs = everyone((2,))
+    np.testing.assert_allclose(hvdk.allreduce(xs[hvd.rank()], "named").numpy(), np.mean(xs, axis=0))  # name 2nd
+    np.testing.assert_array_equal(hvdk.allgather(xs[hvd.rank()], "g").numpy(), np.concatenate(xs))
+    assert int(hvd.process_set_included_op()) == 1

@@ -41,3 +41,8 @@ def _by_id(set_id: int, where: str) -> ProcessSet:
     if set_id == 0:
         return global_process_set
     raise ValueError(f"{where}: no process set with id {set_id}")
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 when this rank is in the process set, else 0 (an int32 tensor)."""
+    return tf.constant(int(_by_id(process_set_id, "process_set_included_op").included()), tf.int32, name=name)

@@ -36,13 +36,18 @@ class ProcessSet:
                 raise ValueError(f"ProcessSet: `ranks_or_comm` lists a rank twice: {ranks}")
             self.ranks = ranks
 
+    def _resolve(self, base: MPI.Intracomm) -> list[int]:
+        """The set's ranks; from a sub-communicator every rank says whether it is in it (collective)."""
+        if self._comm is not None and self.ranks is None:
+            flags = base.allgather(self._comm != MPI.COMM_NULL)
+            self.ranks = [r for r, f in enumerate(flags) if f]
+        assert self.ranks is not None
+        return self.ranks
+
     def _build(self, base: MPI.Intracomm, set_id: int) -> None:
         """Collective over ``base``: split off this set's ranks and build their engine."""
         me = base.Get_rank()
-        if self._comm is not None:  # ranks from a sub-communicator: every rank says if it is in it
-            inside = self._comm != MPI.COMM_NULL
-            flags = base.allgather(inside)
-            self.ranks = [r for r, f in enumerate(flags) if f]
+        self._resolve(base)
         assert self.ranks is not None
         bad = [r for r in self.ranks if not 0 <= r < base.Get_size()]
         if bad:
@@ -115,8 +120,9 @@ def add_process_set(process_set: Any) -> ProcessSet:
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"add_process_set: {process_set} is registered already")
+    ranks = process_set._resolve(base)
     for other in _sets.values():
-        if process_set.ranks is not None and other.ranks == process_set.ranks:
+        if other.ranks == ranks:
             raise ValueError(f"add_process_set: a process set with ranks {other.ranks} exists already "
                              f"(id {other.process_set_id})")
     new_id = max(_sets) + 1

@@ -49,3 +49,15 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     if tf.executing_eagerly():
         return None
     return tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """In a tf.compat.v1 graph: the op that broadcasts every global variable from ``root_rank``.
+
+    Eagerly there is no global variable collection (as in Horovod, this raises); use
+    ``broadcast_variables(model.variables, root_rank)``.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                           "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import (Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,  # noqa: F401
-                allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_object,
+                allgather_object, alltoall, barrier, broadcast, broadcast_object,
                 broadcast_object_fn, broadcast_variables, cross_rank, cross_size, cuda_built, global_process_set,
                 gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, init,
                 is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                mpi_threads_supported, nccl_built, rank, reducescatter, remove_process_set, rocm_built,
+                mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
                 shutdown, size, start_timeline, stop_timeline)
-from .. import optimizer as _optimizer
+from .. import allgather as _allgather, allreduce as _allreduce, broadcast as _broadcast
+from .. import optimizer as _optimizer, reducescatter as _reducescatter
 from . import callbacks
 
 
@@ -34,6 +35,28 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         gradient_predivide_factor=gradient_predivide_factor,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
         process_set=process_set)
+
+
+def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Any = None, compression: Any = Compression.none,
+              process_set: ProcessSet = global_process_set) -> Any:
+    """Horovod Keras' allreduce of a value (tensor, array or number), argument order kept."""
+    return _allreduce(value, average=average, compression=compression, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor, name=name, process_set=process_set)
+
+
+def allgather(value: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+    return _allgather(value, name=name, process_set=process_set)
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
+    return _broadcast(value, root_rank, name=name, process_set=process_set)
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = Average,
+                  process_set: ProcessSet = global_process_set) -> Any:
+    return _reducescatter(value, op=op, name=name, process_set=process_set)
 
 
 def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
