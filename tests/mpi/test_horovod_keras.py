@@ -189,3 +189,44 @@ def test_load_model_keeps_state_and_distributes(tmp_path_factory):
     loaded.fit(xm, ym, batch_size=4, epochs=1, verbose=0)
     assert not np.allclose(weights(loaded), before)
     assert hvd.allgather_object(weights(loaded).tolist()) == [weights(loaded).tolist()] * n
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True], ids=["indexed_slices", "sparse_as_dense"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+def test_keras_embedding_fit_equals_reference(sparse_as_dense, run_eagerly):
+    n, me = hvd.size(), hvd.rank()
+    steps, per = 3, 4
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 12, (steps * per * n, 2))
+    target = rng.standard_normal((steps * per * n, 1)).astype(np.float32)
+    mine = np.arange(len(ids)).reshape(steps, n, per)[:, me].ravel()
+
+    def build():
+        keras.utils.set_random_seed(7)
+        return keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(12, 3),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+    model = build()
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense=sparse_as_dense,
+                                                      ),
+                  loss="mse", run_eagerly=run_eagerly)
+    model.fit(ids[mine], target[mine], batch_size=per, epochs=1, shuffle=False, verbose=0)
+    ref = build()
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ref.fit(ids, target, batch_size=per * n, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_backward_passes_eagerly():
+    n, me = hvd.size(), hvd.rank()
+    steps, per = 4, 4
+    x, y = dataset(n, steps)
+    mine = np.arange(len(x)).reshape(steps, n, per)[:, me].ravel()
+    model = make_model()
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
+    model.compile(optimizer=opt, loss="mse", run_eagerly=True)
+    model.fit(x[mine], y[mine], batch_size=per, epochs=1, shuffle=False, verbose=0)
+    ref = make_model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.05 * 2), loss="mse")  # summed over 2 passes, not averaged
+    ref.fit(x, y, batch_size=per * n * 2, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
+    assert int(opt.iterations.numpy()) == steps // 2
