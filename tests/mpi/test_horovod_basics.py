@@ -141,3 +141,24 @@ def test_timeline_start_stop(tmp_path_factory):
     hvd.allreduce(tf.ones([2]))  # the next collective closes the file
     events = read_trace(rank_path(path, hvd.rank()))
     assert any("allreduce" in str(e.get("name", "")) for e in events)
+
+
+def test_init_on_a_communicator_and_on_a_rank_list():
+    world = MPI.COMM_WORLD
+    me = world.Get_rank()
+    half = world.Split(me % 2, me)
+    members = [r for r in range(world.Get_size()) if r % 2 == me % 2]
+    hvd.shutdown()
+    try:
+        hvd.init(comm=half)
+        assert (hvd.size(), hvd.rank()) == (len(members), members.index(me))
+        np.testing.assert_array_equal(hvd.allreduce(tf.constant(data(me, (3,))), op=hvd.Sum).numpy(),
+                                      np.sum([data(r, (3,)) for r in members], axis=0))
+        hvd.shutdown()
+        hvd.init(comm=list(range(world.Get_size())))
+        assert (hvd.size(), hvd.rank()) == (world.Get_size(), me)
+    finally:
+        hvd.shutdown()
+        half.Free()
+        hvd.init()
+    assert hvd.size() == world.Get_size()
