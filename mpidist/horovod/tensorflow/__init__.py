@@ -1,0 +1,35 @@
+"""Horovod's TensorFlow API on mpidist: ``import mpidist.horovod.tensorflow as hvd``.
+
+Pure Python on mpidist's engine; launch with mpirun/srun as before. This module only re-exports.
+See docs/horovod.md for what is supported and how it differs.
+"""
+from .basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+                     stop_timeline)
+from .ops_tensors import (cross_rank_op, cross_size_op, local_rank_op, local_size_op, process_set_included_op,
+                          rank_op, size_op)
+from .reduce_ops import Adasum, Average, Max, Min, Product, Sum, handle_average_backwards_compatibility
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .allreduce import allreduce, grouped_allreduce
+from .gather import allgather, alltoall, broadcast, grouped_allgather
+from .reducescatter import grouped_reducescatter, reducescatter
+from .sync import barrier, broadcast_global_variables, broadcast_variables, join
+from .objects import allgather_object, broadcast_object, broadcast_object_fn
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
+from .optimizer import DistributedOptimizer
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "size_op", "rank_op", "process_set_included_op", "local_size_op", "local_rank_op", "cross_size_op", "cross_rank_op",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "handle_average_backwards_compatibility",
+    "Compression", "Compressor", "NoneCompressor", "FP16Compressor",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
+    "reducescatter", "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+]

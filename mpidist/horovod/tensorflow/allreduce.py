@@ -1,0 +1,122 @@
+"""allreduce and grouped_allreduce, with Horovod's gradients.
+
+A list of tensors is ONE engine call (the engine packs them). The raw reduction carries a
+registered gradient: the allreduce of the incoming gradient with the same op (Horovod's
+definition, also for Min/Max/Product); ``prescale_factor``/``postscale_factor`` are TensorFlow
+multiplications around it, so their gradient is the same scaling. ``tf.IndexedSlices`` are
+allreduced by allgathering values and indices (divided by the set's size for Average), or
+densified first by the callers that take ``sparse_as_dense``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from . import runner
+from .compression import Compression
+from .process_sets import ProcessSet, global_process_set
+from .reduce_ops import Average, Sum, engine_op, handle_average_backwards_compatibility
+
+
+def scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """``tensor * factor`` (integers scaled in float64 and cast back); nothing when factor is 1."""
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype.is_floating or tensor.dtype.is_complex:
+        return tensor * tf.cast(factor, tensor.dtype)
+    return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
+
+
+def _wire(tensor: Any) -> tuple[tf.Tensor, tf.DType]:
+    t = tf.convert_to_tensor(tensor)
+    return (tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t), t.dtype
+
+
+def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
+    """The reduction itself (one engine call), differentiable."""
+    where = "allreduce"
+    engine = process_set.require_engine(where)
+    red = engine_op(op, where)
+    wired = [_wire(t) for t in tensors]
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        out = engine.allreduce(arrays[0] if len(arrays) == 1 else arrays, red)
+        out = [out] if len(arrays) == 1 else list(out)
+        return [np.asarray(r).reshape(a.shape) for r, a in zip(out, arrays)]
+
+    @tf.custom_gradient
+    def reduce(*xs: tf.Tensor) -> Any:
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where)
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            return raw_allreduce(list(dys), op, process_set, name + "_grad")
+        return outs, grad
+
+    outs = reduce(*[w for w, _ in wired])
+    outs = [outs] if isinstance(outs, tf.Tensor) else list(outs)
+    return [tf.cast(o, d) if o.dtype != d else o for o, (_, d) in zip(outs, wired)]
+
+
+def _sparse(tensor: tf.IndexedSlices, op: int, process_set: ProcessSet, name: str) -> tf.IndexedSlices:
+    from .gather import allgather  # the ragged gather of values and indices
+    if op not in (Average, Sum):
+        raise NotImplementedError("allreduce: the op parameter supports only Sum and Average for "
+                                  f"tf.IndexedSlices, got op={op!r}")
+    values = allgather(tensor.values, name=name + "_values", process_set=process_set)
+    indices = allgather(tensor.indices, name=name + "_indices", process_set=process_set)
+    if op == Average:
+        values = values / tf.cast(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
+def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_sparse: str = "",
+              compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
+    """Reduce ``tensor`` (a tf.Tensor, tf.Variable or tf.IndexedSlices) over the process set."""
+    op = handle_average_backwards_compatibility(op, average)
+    name = runner.scope_name(name, "HorovodAllreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        engine_op(op, "allreduce")  # Adasum: NotImplementedError
+        return _sparse(tensor, op, process_set, name)
+    return _dense([tensor], op, compression, prescale_factor, postscale_factor, process_set, name)[0]
+
+
+def _dense(tensors: Sequence[Any], op: int, compression: Any, prescale: float, postscale: float,
+           process_set: ProcessSet, name: str) -> list[tf.Tensor]:
+    engine_op(op, "allreduce")
+    compressed, ctxs = [], []
+    for t in tensors:
+        c, ctx = compression.compress(tf.convert_to_tensor(t))
+        compressed.append(scale(c, prescale))
+        ctxs.append(ctx)
+    reduced = raw_allreduce(compressed, op, process_set, name)
+    return [compression.decompress(scale(r, postscale), ctx) for r, ctx in zip(reduced, ctxs)]
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense: str = "",
+                      device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
+                      process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> list[Any]:
+    """Reduce a list of tensors in one engine call (IndexedSlices each by allgather)."""
+    op = handle_average_backwards_compatibility(op, average)
+    name = runner.scope_name(name, "HorovodGroupedAllreduce")
+    tensors = list(tensors)
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    out: list[Any] = [None] * len(tensors)
+    if dense:
+        for i, r in zip(dense, _dense([tensors[i] for i in dense], op, compression, prescale_factor,
+                                      postscale_factor, process_set, name)):
+            out[i] = r
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            out[i] = _sparse(t, op, process_set, f"{name}_{i}")
+    return out
+
+
+
+
+
+__all__ = ["allreduce", "grouped_allreduce", "raw_allreduce", "scale", "Sum", "Average"]

@@ -1,0 +1,143 @@
+"""Horovod's Keras callbacks on Keras 3.
+
+- BroadcastGlobalVariablesCallback(root_rank): the root's model (and built optimizer) variables
+  on every rank at the start of training (Horovod does it after the first batch; doing it first
+  makes every rank's first step identical too).
+- MetricAverageCallback: the epoch's logs averaged over ranks (sorted by name, one allreduce each).
+- LearningRateScheduleCallback / LearningRateWarmupCallback: set Keras 3's
+  ``optimizer.learning_rate`` by epoch (staircase) or by fractional epoch, as Horovod does.
+  ``momentum_correction`` is accepted and not applied (Keras 3 keeps momentum as a constant).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import keras
+import numpy as np
+
+from .. import basics
+from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
+from ..process_sets import global_process_set
+from ..sync import broadcast_variables
+
+_log = logging.getLogger("mpidist")
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the root's variables to every rank when training starts."""
+
+    def __init__(self, root_rank: int, device: str = "", process_set: Any = global_process_set) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.process_set = process_set
+        self.broadcast_done = False
+
+    def _broadcast(self) -> None:
+        if self.broadcast_done:
+            return
+        broadcast_variables(self.model.variables, self.root_rank, process_set=self.process_set)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and getattr(optimizer, "built", False):
+            broadcast_variables(optimizer.variables, self.root_rank, process_set=self.process_set)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._broadcast()
+
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._broadcast()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the epoch's metrics over ranks; put it before callbacks that read the logs."""
+
+    def __init__(self, device: str = "", process_set: Any = global_process_set) -> None:
+        super().__init__()
+        self.process_set = process_set
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if not logs:
+            return
+        engine = self.process_set.require_engine("MetricAverageCallback")
+        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        if not names:
+            return
+        values = np.array([float(logs[k]) for k in names], dtype=np.float64)
+        averaged = engine.allreduce(values, "mean")
+        for k, v in zip(names, np.asarray(averaged).tolist()):
+            logs[k] = v
+
+
+def _set_lr(optimizer: Any, value: float, where: str) -> None:
+    try:
+        optimizer.learning_rate = value
+    except TypeError as e:  # Keras 3: a LearningRateSchedule cannot be set
+        raise ValueError(f"{where}: cannot set the optimizer's learning_rate ({e})") from None
+
+
+def _get_lr(optimizer: Any) -> float:
+    return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """``learning_rate = initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch)."""
+
+    def __init__(self, initial_lr: float | None, multiplier: Any, start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, *args: Any) -> None:
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase if callable(multiplier) else True
+        self.multiplier: Callable[[float], float] = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _adjust(self, epoch: float) -> None:
+        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch), type(self).__name__)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.initial_lr is None:
+            self.initial_lr = _get_lr(self.model.optimizer)
+        if not self.staircase and not self.steps_per_epoch:
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ValueError(f"{type(self).__name__}: could not tell the steps per epoch; pass `steps_per_epoch`")
+            self.steps_per_epoch = steps
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current_epoch = epoch
+
+    def on_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.current_epoch < self.start_epoch or (self.end_epoch is not None and self.current_epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            self._adjust(self.current_epoch)
+        elif not self.staircase:
+            self._adjust(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``."""
+
+    def __init__(self, initial_lr: float | None, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0, *args: Any) -> None:
+        def multiplier(epoch: float) -> float:
+            size = basics.size()
+            epoch += 1.0 / self.steps_per_epoch
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+            _log.info("Epoch %d: finished gradual learning rate warmup to %g.", epoch + 1, _get_lr(self.model.optimizer))

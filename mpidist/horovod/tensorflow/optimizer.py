@@ -1,0 +1,151 @@
+"""DistributedOptimizer for Keras 3 optimizers and for ``tf.compat.v1.train`` optimizers.
+
+Keras 3: a new optimizer of a subclass of the given one's class (built from its config), whose
+``apply()`` allreduces the gradients before the update. With ``backward_passes_per_step`` N > 1
+the gradients are summed locally in accumulators; every N-th call allreduces the sum (divided by
+N first when ``average_aggregated_gradients``) and applies it, the other calls apply nothing (the
+optimizer's ``iterations`` counts applied updates, as with Horovod).
+
+``tf.compat.v1.train.Optimizer``: a subclass whose ``compute_gradients`` allreduces (graph mode).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from .compression import Compression
+from .process_sets import ProcessSet, global_process_set
+from .reduce_ops import Average
+from .tape import check_reduce_args, reduce_gradients
+
+
+class _KerasMixin:
+    """The overrides of a Keras 3 optimizer class (see the module docstring)."""
+
+    _hvd_args: dict[str, Any]
+    _hvd_passes: int
+    _hvd_average_aggregated: bool
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)  # type: ignore[misc]
+        if self._hvd_passes > 1:
+            self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")  # type: ignore[attr-defined]
+                             for v in variables]
+            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",  # type: ignore[attr-defined]
+                                                  name="hvd_backward_passes")
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        grads = list(grads)
+        variables = None if trainable_variables is None else list(trainable_variables)
+        if self._hvd_passes == 1:
+            return super().apply(reduce_gradients(grads, variables, **self._hvd_args), variables)  # type: ignore[misc]
+        if not self.built:  # type: ignore[attr-defined]
+            self.build(variables)
+            self.built = True
+        if variables is None:
+            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}  # type: ignore[attr-defined]
+        accs = [self._hvd_acc[index[id(v)]] for v in variables]
+        for g, acc in zip(grads, accs):
+            if g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        self._hvd_counter.assign_add(1)
+        passes = self._hvd_passes
+
+        def update() -> tf.Tensor:
+            summed = [None if g is None else tf.identity(acc) for g, acc in zip(grads, accs)]
+            if self._hvd_average_aggregated:
+                summed = [None if s is None else s / tf.cast(passes, s.dtype) for s in summed]
+            reduced = reduce_gradients(summed, variables, **self._hvd_args)
+            super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]
+            for acc in accs:
+                acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        is_update = tf.equal(self._hvd_counter % passes, 0)
+        if tf.executing_eagerly():
+            if bool(is_update):
+                update()
+            return None
+        tf.cond(is_update, update, lambda: tf.constant(False))
+        return None
+
+
+def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dense: bool,
+                     gradient_predivide_factor: float, op: Any, backward_passes_per_step: int,
+                     average_aggregated_gradients: bool, num_groups: int, groups: Any,
+                     process_set: ProcessSet) -> Any:
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"DistributedOptimizer: `backward_passes_per_step` must be an integer >= 1, "
+                         f"got {backward_passes_per_step!r}")
+    cls = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    new = cls.from_config(config)
+    new._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+                         groups=groups, process_set=process_set, name="DistributedOptimizer")
+    new._hvd_passes = backward_passes_per_step
+    new._hvd_average_aggregated = average_aggregated_gradients
+    return new
+
+
+def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as_dense: bool = False,
+                  op: Any = Average, gradient_predivide_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set) -> Any:
+    """Make a built Keras 3 optimizer allreduce its gradients, keeping its state (hvd.load_model)."""
+    optimizer.__class__ = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    optimizer._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, num_groups=0,
+                               groups=None, process_set=process_set, name="DistributedOptimizer")
+    optimizer._hvd_passes = 1
+    optimizer._hvd_average_aggregated = False
+    return optimizer
+
+
+class _V1Mixin:
+    """``compute_gradients`` of a tf.compat.v1.train.Optimizer, allreduced."""
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
+        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        return list(zip(reduce_gradients(grads, variables, **self._hvd_args), variables))  # type: ignore[attr-defined]
+
+
+def is_keras_optimizer(optimizer: Any) -> bool:
+    try:
+        import keras
+    except ImportError:  # pragma: no cover - Keras comes with TensorFlow 2.21
+        return False
+    return isinstance(optimizer, keras.optimizers.Optimizer)
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: Any = Average,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
+    """Wrap a Keras 3 or ``tf.compat.v1.train`` optimizer so that gradients are allreduced first."""
+    check_reduce_args(op, gradient_predivide_factor, num_groups, groups, "DistributedOptimizer")
+    process_set.require_engine("DistributedOptimizer")
+    if is_keras_optimizer(optimizer):
+        return _keras_optimizer(optimizer, name, compression, sparse_as_dense, gradient_predivide_factor, op,
+                                backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
+                                process_set)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if backward_passes_per_step != 1:
+            raise NotImplementedError("DistributedOptimizer: backward_passes_per_step > 1 is supported for "
+                                      "Keras optimizers only")
+        cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
+        new = cls.__new__(cls)
+        new.__dict__.update(optimizer.__dict__)
+        new._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+                             groups=groups, process_set=process_set, name="DistributedOptimizer")
+        return new
+    raise TypeError(f"DistributedOptimizer: `optimizer` must be a Keras 3 optimizer or a "
+                    f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")

@@ -1,0 +1,185 @@
+"""mpidist.horovod.tensorflow collectives against NumPy references over every rank's known inputs,
+eagerly, in tf.function and in tf.compat.v1 graphs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpidist.horovod.tensorflow as hvd
+from horovod_support import MODES, data, run
+
+OPS = [(hvd.Average, lambda xs: np.mean(xs, axis=0)), (hvd.Sum, lambda xs: np.sum(xs, axis=0)),
+       (hvd.Min, lambda xs: np.min(xs, axis=0)), (hvd.Max, lambda xs: np.max(xs, axis=0)),
+       (hvd.Product, lambda xs: np.prod(xs, axis=0))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    hvd.init()
+
+
+def everyone(shape, dtype=np.float32, seed=0):
+    return [data(r, shape, dtype, seed) for r in range(hvd.size())]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op,ref", OPS, ids=["Average", "Sum", "Min", "Max", "Product"])
+def test_allreduce_ops(mode, op, ref):
+    xs = everyone((3, 2))
+    out = run(mode, lambda x: hvd.allreduce(x, op=op), xs[hvd.rank()])
+    np.testing.assert_allclose(out, ref(np.stack(xs)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_scaling_average_and_compression(mode):
+    xs = everyone((4,))
+    mine = xs[hvd.rank()]
+
+    def fn(x):
+        return (hvd.allreduce(x, average=False, prescale_factor=2.0, postscale_factor=0.5),
+                hvd.allreduce(x, average=True),
+                hvd.allreduce(x, op=hvd.Sum, prescale_factor=3.0),
+                hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16),
+                hvd.allreduce(tf.cast(x, tf.int32), op=hvd.Sum))
+    scaled, avg, pre, fp16, ints = run(mode, fn, mine)
+    total = np.sum(xs, axis=0)
+    np.testing.assert_allclose(scaled, total)
+    np.testing.assert_allclose(avg, total / hvd.size())
+    np.testing.assert_allclose(pre, 3 * total)
+    assert fp16.dtype == np.float32
+    np.testing.assert_allclose(fp16, total)
+    assert ints.dtype == np.int32 and (ints == total.astype(np.int32)).all()
+
+
+def test_allreduce_variable_and_argument_errors():
+    v = tf.Variable(data(hvd.rank(), (2,)))
+    np.testing.assert_allclose(hvd.allreduce(v, op=hvd.Sum).numpy(), np.sum(everyone((2,)), axis=0))
+    with pytest.raises(ValueError, match="supersedes average"):
+        hvd.allreduce(v, average=True, op=hvd.Sum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(v, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="`op`"):
+        hvd.allreduce(v, op=17)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_allreduce(mode):
+    a, b = everyone((2, 3)), everyone((5,), np.float64, seed=1)
+    out = run(mode, lambda x, y: hvd.grouped_allreduce([x, y], op=hvd.Sum), a[hvd.rank()], b[hvd.rank()])
+    np.testing.assert_allclose(out[0], np.sum(a, axis=0))
+    np.testing.assert_allclose(out[1], np.sum(b, axis=0))
+    assert out[1].dtype == np.float64
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_ragged_and_grouped(mode):
+    rows = [r + 1 for r in range(hvd.size())]
+    xs = [data(r, (rows[r], 2)) for r in range(hvd.size())]
+    ys = [data(r, (r % 2 + 1,), np.int64, seed=3) for r in range(hvd.size())]
+    got = run(mode, lambda x: hvd.allgather(x), xs[hvd.rank()])
+    np.testing.assert_array_equal(got, np.concatenate(xs))
+    g1, g2 = run(mode, lambda x, y: hvd.grouped_allgather([x, y]), xs[hvd.rank()], ys[hvd.rank()])
+    np.testing.assert_array_equal(g1, np.concatenate(xs))
+    np.testing.assert_array_equal(g2, np.concatenate(ys))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_every_root(mode):
+    xs = everyone((2, 2), np.int32)
+    for root in range(hvd.size()):
+        np.testing.assert_array_equal(run(mode, lambda x: hvd.broadcast(x, root), xs[hvd.rank()]), xs[root])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_with_and_without_splits(mode):
+    n, me = hvd.size(), hvd.rank()
+    splits = [[(r + j) % 3 for j in range(n)] for r in range(n)]  # rows rank r sends to rank j
+    xs = [data(r, (sum(splits[r]), 2)) for r in range(n)]
+    out, received = run(mode, lambda x: hvd.alltoall(x, splits=splits[me]), xs[me])
+    want = [xs[r][sum(splits[r][:me]):sum(splits[r][:me + 1])] for r in range(n)]
+    np.testing.assert_array_equal(out, np.concatenate(want))
+    np.testing.assert_array_equal(received, [splits[r][me] for r in range(n)])
+    even = [data(r, (2 * n,), seed=4) for r in range(n)]
+    out, received = run(mode, lambda x: hvd.alltoall(x), even[me])
+    np.testing.assert_array_equal(out, np.concatenate([even[r][2 * me:2 * me + 2] for r in range(n)]))
+    np.testing.assert_array_equal(received, [2] * n)
+
+
+def test_alltoall_errors():
+    n = hvd.size()
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="splits"):
+        hvd.alltoall(tf.zeros([3]), splits=[4] + [0] * (n - 1))
+    if n > 1:
+        with pytest.raises(ValueError, match="divisible"):
+            hvd.alltoall(tf.zeros([n + 1]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reducescatter(mode):
+    n, me = hvd.size(), hvd.rank()
+    xs = everyone((2 * n + 1, 3))
+    total = np.sum(xs, axis=0)
+    blocks = np.array_split(total, n)  # the first n % size ranks get one row more, as Horovod's
+    avg, summed = run(mode, lambda x: (hvd.reducescatter(x), hvd.reducescatter(x, op=hvd.Sum)), xs[me])
+    np.testing.assert_allclose(avg, blocks[me] / n, rtol=1e-6)
+    np.testing.assert_allclose(summed, blocks[me])
+    ys = everyone((n, 2), seed=5)
+    g = run(mode, lambda x, y: hvd.grouped_reducescatter([x, y], op=hvd.Sum, postscale_factor=2.0), xs[me], ys[me])
+    np.testing.assert_allclose(g[0], 2 * blocks[me])
+    np.testing.assert_allclose(g[1], 2 * np.sum(ys, axis=0)[me:me + 1])
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_join_and_barrier(mode):
+    assert int(run(mode, lambda x: hvd.join() + 0 * x, np.int32(0))) == hvd.size() - 1
+    hvd.barrier()
+
+
+def test_broadcast_variables_and_objects():
+    v = tf.Variable(data(hvd.rank(), (3,)))
+    hvd.broadcast_variables([v], root_rank=0)
+    np.testing.assert_array_equal(v.numpy(), data(0, (3,)))
+    root = hvd.size() - 1
+    obj = {"rank": hvd.rank(), "list": list(range(hvd.rank()))}
+    assert hvd.broadcast_object(obj, root_rank=root) == {"rank": root, "list": list(range(root))}
+    assert hvd.broadcast_object_fn(root_rank=0)(obj) == {"rank": 0, "list": []}
+    assert hvd.allgather_object(("r", hvd.rank())) == [("r", r) for r in range(hvd.size())]
+
+
+def test_mismatch_is_an_error_on_every_rank():
+    shape = (hvd.rank() + 1,) if hvd.size() > 1 else (1,)
+    if hvd.size() == 1:
+        pytest.skip("a mismatch needs two ranks")
+    with pytest.raises(tf.errors.FailedPreconditionError, match="allreduce"):
+        hvd.allreduce(tf.zeros(shape))
+    with pytest.raises(tf.errors.FailedPreconditionError):
+        hvd.allreduce(tf.zeros([2]), op=hvd.Sum if hvd.rank() else hvd.Max)
+    with pytest.raises(tf.errors.FailedPreconditionError):
+        hvd.broadcast(tf.zeros([2]), root_rank=hvd.rank() % 2)
+    with pytest.raises(tf.errors.FailedPreconditionError):
+        hvd.allgather(tf.zeros([1, 2], tf.float32 if hvd.rank() else tf.float64))
+
+    @tf.function
+    def step():
+        return hvd.allreduce(tf.zeros(shape))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="allreduce"):
+        step()
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), [hvd.size()] * 2)  # still usable
+
+
+def test_broadcast_global_variables_in_a_v1_graph_and_keras_value_forms():
+    import mpidist.horovod.keras as hvdk
+    with pytest.raises(RuntimeError, match="eager"):
+        hvd.broadcast_global_variables(0)
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=data(hvd.rank(), (3,)))
+        op = hvd.broadcast_global_variables(hvd.size() - 1)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(op)
+            np.testing.assert_array_equal(sess.run(v), data(hvd.size() - 1, (3,)))
+    xs = everyone((2,))
+    np.testing.assert_allclose(hvdk.allreduce(xs[hvd.rank()], "named").numpy(), np.mean(xs, axis=0))  # name 2nd
+    np.testing.assert_array_equal(hvdk.allgather(xs[hvd.rank()], "g").numpy(), np.concatenate(xs))
+    assert int(hvd.process_set_included_op()) == 1

@@ -1,0 +1,232 @@
+"""DistributedGradientTape, DistributedOptimizer (Keras 3 and tf.compat.v1), the Keras callbacks and
+load_model, against single-process references computed from every rank's known data."""
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpidist.horovod.tensorflow as hvd
+import mpidist.horovod.keras as hvdk
+from horovod_support import data
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    hvd.init()
+
+
+def batch(rank, rows=4, seed=0):
+    rng = np.random.default_rng([seed, rank])
+    return rng.standard_normal((rows, 3)).astype(np.float32), rng.standard_normal((rows, 1)).astype(np.float32)
+
+
+W0 = np.arange(3, dtype=np.float32).reshape(3, 1) / 3
+
+
+def local_grad(rank):
+    x, y = batch(rank)
+    return 2 * x.T @ (x @ W0 - y) / len(x)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("kwargs,scale", [
+    ({}, "mean"), ({"op": hvd.Sum}, "sum"), ({"compression": hvd.Compression.fp16}, "mean"),
+    ({"gradient_predivide_factor": 2.0}, "mean"), ({"num_groups": 2}, "mean")],
+    ids=["default", "sum", "fp16", "predivide", "num_groups"])
+def test_distributed_gradient_tape(mode, kwargs, scale):
+    n, me = hvd.size(), hvd.rank()
+    w = tf.Variable(W0)
+    b = tf.Variable(np.zeros(1, np.float32))
+    x, y = batch(me)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((tf.matmul(x, w) + b - y) ** 2)
+        tape = hvd.DistributedGradientTape(tape, **kwargs)
+        return tape.gradient(loss, [w, b])
+    gw, gb = (tf.function(step) if mode == "function" else step)()
+    grads = [local_grad(r) for r in range(n)]
+    want = np.sum(grads, axis=0) if scale == "sum" else np.mean(grads, axis=0)
+    tol = 2e-3 if "compression" in kwargs else 1e-5
+    np.testing.assert_allclose(gw.numpy(), want, rtol=tol, atol=tol)
+    assert gb.shape == (1,)
+
+
+def test_tape_groups_sparse_as_dense_and_partial():
+    n, me = hvd.size(), hvd.rank()
+    table = tf.Variable(np.ones((5, 2), np.float32))
+    local = keras.layers.Dense(1)
+    local.build((None, 2))
+    ids = np.array([me % 5])
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_sum(tf.gather(table, ids)) * (me + 1) + tf.reduce_sum(local(tf.ones([1, 2]))) * (me + 1)
+    dense = hvd.DistributedGradientTape(tape, sparse_as_dense=True, groups=[[table]])
+    g = dense.gradient(loss, table)
+    assert isinstance(g, tf.Tensor)
+    want = np.zeros((5, 2), np.float32)
+    for r in range(n):
+        want[r % 5] += (r + 1) / n
+    np.testing.assert_allclose(g.numpy(), want)
+    partial = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
+    g_kernel = partial.gradient(loss, local.kernel)
+    np.testing.assert_allclose(g_kernel.numpy(), np.full((2, 1), me + 1.0))  # left local
+
+
+def test_tape_argument_errors():
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedGradientTape(tape, op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.DistributedGradientTape(tape, op=hvd.Adasum)
+
+
+def make_model():
+    keras.utils.set_random_seed(1234)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+
+
+def dataset(n, steps, per_rank=4):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((steps * per_rank * n, 3)).astype(np.float32)
+    return x, (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.1).astype(np.float32)
+
+
+def weights(model):
+    return np.concatenate([v.numpy().ravel() for v in model.weights])
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_keras_fit_equals_large_batch_reference(passes):
+    n, me = hvd.size(), hvd.rank()
+    steps, per = 4, 4
+    x, y = dataset(n, steps)
+    mine = np.arange(len(x)).reshape(steps, n, per)[:, me].ravel()  # rank me's batch s: rows [s, me]
+    model = make_model()
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.0 if passes > 1 else 0.9),
+                                    backward_passes_per_step=passes, average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    ref = make_model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.0 if passes > 1 else 0.9), loss="mse")
+    ref.fit(x, y, batch_size=per * n * passes, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
+    assert int(opt.iterations.numpy()) == 2 * steps // passes
+    assert hvd.allgather_object(weights(model).tolist()) == [weights(model).tolist()] * n
+
+
+def test_v1_optimizer_in_graph_mode():
+    n, me = hvd.size(), hvd.rank()
+    x, y = batch(me)
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=W0)
+        loss = tf.reduce_mean((tf.matmul(x, w) - y) ** 2)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        train = opt.minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            got = sess.run(w)
+    np.testing.assert_allclose(got, W0 - 0.1 * np.mean([local_grad(r) for r in range(n)], axis=0), rtol=1e-5)
+
+
+class _Record(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.lrs, self.logs = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.lrs.append(float(self.model.optimizer.learning_rate.numpy()))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append(dict(logs))
+
+
+def test_lr_callbacks_and_metric_average():
+    n, me = hvd.size(), hvd.rank()
+    x, y = batch(me, rows=8)
+    model = make_model()
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    rec = _Record()
+    warm = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.8, warmup_epochs=2, steps_per_epoch=2)
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
+              callbacks=[warm, rec])
+    want = [0.8 / n * ((e + b / 2 + 1 / 2) * (n - 1) / 2 + 1) for e in range(2) for b in range(2)]
+    np.testing.assert_allclose(rec.lrs[:4], want, rtol=1e-6)
+    np.testing.assert_allclose(rec.lrs[4:], [rec.lrs[3]] * 2, rtol=1e-6)  # after warmup: unchanged
+
+    model2 = make_model()
+    model2.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    rec2 = _Record()
+    sched = hvdk.callbacks.LearningRateScheduleCallback(initial_lr=0.5, multiplier=lambda e: 0.1 ** e, start_epoch=1)
+    model2.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+               callbacks=[sched, hvdk.callbacks.MetricAverageCallback(), rec2])
+    np.testing.assert_allclose(rec2.lrs, [0.0, 0.05, 0.005], rtol=1e-6)
+    losses = []
+    for r in range(n):  # learning rate 0 in epoch 0: each rank's loss is its data's mse at the start
+        xr, yr = batch(r, rows=8)
+        losses.append(float(np.mean((make_model()(xr).numpy() - yr) ** 2)))
+    np.testing.assert_allclose(rec2.logs[0]["loss"], np.mean(losses), rtol=1e-5)
+
+
+def test_load_model_keeps_state_and_distributes(tmp_path_factory):
+    n, me = hvd.size(), hvd.rank()
+    path = os.path.join(str(tmp_path_factory.mktemp(f"rank{me}")), "model.keras")
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    x, y = batch(0, rows=4)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    model.save(path)
+    loaded = hvdk.load_model(path)
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+    xm, ym = batch(me, rows=4, seed=9)
+    before = weights(loaded)
+    loaded.fit(xm, ym, batch_size=4, epochs=1, verbose=0)
+    assert not np.allclose(weights(loaded), before)
+    assert hvd.allgather_object(weights(loaded).tolist()) == [weights(loaded).tolist()] * n
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True], ids=["indexed_slices", "sparse_as_dense"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["graph", "eager"])
+def test_keras_embedding_fit_equals_reference(sparse_as_dense, run_eagerly):
+    n, me = hvd.size(), hvd.rank()
+    steps, per = 3, 4
+    rng = np.random.default_rng(11)
+    ids = rng.integers(0, 12, (steps * per * n, 2))
+    target = rng.standard_normal((steps * per * n, 1)).astype(np.float32)
+    mine = np.arange(len(ids)).reshape(steps, n, per)[:, me].ravel()
+
+    def build():
+        keras.utils.set_random_seed(7)
+        return keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(12, 3),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+    model = build()
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense=sparse_as_dense,
+                                                      ),
+                  loss="mse", run_eagerly=run_eagerly)
+    model.fit(ids[mine], target[mine], batch_size=per, epochs=1, shuffle=False, verbose=0)
+    ref = build()
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ref.fit(ids, target, batch_size=per * n, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_backward_passes_eagerly():
+    n, me = hvd.size(), hvd.rank()
+    steps, per = 4, 4
+    x, y = dataset(n, steps)
+    mine = np.arange(len(x)).reshape(steps, n, per)[:, me].ravel()
+    model = make_model()
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
+    model.compile(optimizer=opt, loss="mse", run_eagerly=True)
+    model.fit(x[mine], y[mine], batch_size=per, epochs=1, shuffle=False, verbose=0)
+    ref = make_model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.05 * 2), loss="mse")  # summed over 2 passes, not averaged
+    ref.fit(x, y, batch_size=per * n * 2, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
+    assert int(opt.iterations.numpy()) == steps // 2
