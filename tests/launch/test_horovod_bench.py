@@ -1,4 +1,4 @@
-"""``python -m mpidist.horovod.bench`` runs under mpirun -n 2 and reports every case (no timing asserted)."""
+"""``python -m tools.horovod_bench`` runs under mpirun -n 2 and reports every case (no timing asserted)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
 def test_horovod_bench_reports_every_case(mpirun):
-    job = mpirun(2, "-m", "mpidist.horovod.bench", "--seconds", "0.2", "--json", timeout=300)
+    job = mpirun(2, "-m", "tools.horovod_bench", "--seconds", "0.2", "--json", timeout=300)
     assert job.returncode == 0, job.output[-3000:]
     found = json.loads(job.output[job.output.index("{"):job.output.rindex("}") + 1])
     assert found["ranks"] == 2

@@ -16,7 +16,9 @@ import tensorflow as tf
 
 from . import runner
 from .compression import Compression
+from .gather import allgather  # the ragged gather of values and indices
 from .process_sets import ProcessSet, global_process_set
+from .raw import raw_allreduce
 from .reduce_ops import Average, Sum, engine_op, handle_average_backwards_compatibility
 
 
@@ -29,38 +31,7 @@ def scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
-def _wire(tensor: Any) -> tuple[tf.Tensor, tf.DType]:
-    t = tf.convert_to_tensor(tensor)
-    return (tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t), t.dtype
-
-
-def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
-    """The reduction itself (one engine call), differentiable."""
-    where = "allreduce"
-    engine = process_set.require_engine(where)
-    red = engine_op(op, where)
-    wired = [_wire(t) for t in tensors]
-
-    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = engine.allreduce(arrays[0] if len(arrays) == 1 else arrays, red)
-        out = [out] if len(arrays) == 1 else list(out)
-        return [np.asarray(r).reshape(a.shape) for r, a in zip(out, arrays)]
-
-    @tf.custom_gradient
-    def reduce(*xs: tf.Tensor) -> Any:
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where)
-
-        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return raw_allreduce(list(dys), op, process_set, name + "_grad")
-        return outs, grad
-
-    outs = reduce(*[w for w, _ in wired])
-    outs = [outs] if isinstance(outs, tf.Tensor) else list(outs)
-    return [tf.cast(o, d) if o.dtype != d else o for o, (_, d) in zip(outs, wired)]
-
-
 def _sparse(tensor: tf.IndexedSlices, op: int, process_set: ProcessSet, name: str) -> tf.IndexedSlices:
-    from .gather import allgather  # the ragged gather of values and indices
     if op not in (Average, Sum):
         raise NotImplementedError("allreduce: the op parameter supports only Sum and Average for "
                                   f"tf.IndexedSlices, got op={op!r}")

@@ -41,7 +41,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _engine = Engine(base)
     if base is not comm:
         base.Free()
-    process_sets_mod._register_global(_engine)
+    process_sets_mod.register_global(_engine)
     if process_sets not in (None, "dynamic"):
         for ps in process_sets:
             process_sets_mod.add_process_set(ps)

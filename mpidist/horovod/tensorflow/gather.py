@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import runner
-from .allreduce import _wire, raw_allreduce
+from .raw import raw_allreduce, wire
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Sum
 
@@ -31,7 +31,7 @@ def _ragged(shape: tf.TensorShape) -> tf.TensorShape | None:
 def _raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) -> list[tf.Tensor]:
     where = "allgather"
     engine = process_set.require_engine(where)
-    wired = [_wire(t) for t in tensors]
+    wired = [wire(t) for t in tensors]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         out = engine.allgather(arrays[0] if len(arrays) == 1 else arrays)
@@ -81,7 +81,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     where = "broadcast"
     engine = process_set.require_engine(where)
     name = runner.scope_name(name, "HorovodBroadcast")
-    wired, dtype = _wire(tensor)
+    wired, dtype = wire(tensor)
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(engine.broadcast(arrays[0], root=root_rank)).reshape(arrays[0].shape)]
@@ -143,7 +143,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     """
     engine = process_set.require_engine("alltoall")
     name = runner.scope_name(name, "HorovodAlltoall")
-    wired, dtype = _wire(tensor)
+    wired, dtype = wire(tensor)
     if wired.shape.rank == 0:
         raise ValueError("alltoall: expected a tensor of at least one dimension, got a scalar")
     if splits is None:

@@ -78,8 +78,7 @@ class ProcessSet:
         return self.engine.rank if self.engine is not None else None
 
     def require_engine(self, where: str) -> Engine:
-        from . import basics  # the global set is rebuilt by init()
-        basics.check_initialized(where)
+        require_initialized(where)
         if self.process_set_id is None:
             raise ValueError(f"{where}: process set {self.ranks} has not been registered; call "
                              f"hvd.add_process_set() on every rank first (or pass it to hvd.init)")
@@ -104,7 +103,14 @@ global_process_set.process_set_id = 0
 _sets: dict[int, ProcessSet] = {}
 
 
-def _register_global(engine: Engine) -> None:
+def require_initialized(where: str) -> Engine:
+    """The global set's engine (``hvd.init()`` registers it), or Horovod's "not initialized" error."""
+    if global_process_set.engine is None:
+        raise ValueError(f"{where}: Horovod has not been initialized; use hvd.init().")
+    return global_process_set.engine
+
+
+def register_global(engine: Engine) -> None:
     global_process_set.engine = engine
     global_process_set.ranks = list(range(engine.size))
     global_process_set.process_set_id = 0
@@ -114,8 +120,7 @@ def _register_global(engine: Engine) -> None:
 
 def add_process_set(process_set: Any) -> ProcessSet:
     """Register ``process_set`` (a ProcessSet or a list of ranks); collective over the whole job."""
-    from . import basics
-    base = basics.check_initialized("add_process_set").topology.comm
+    base = require_initialized("add_process_set").topology.comm
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:

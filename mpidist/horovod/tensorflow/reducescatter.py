@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from . import runner
-from .allreduce import _wire, scale
+from .allreduce import scale
+from .raw import wire
 from .compression import Compression
 from .gather import _raw_allgather
 from .process_sets import ProcessSet, global_process_set
@@ -72,7 +73,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
         return []
     wired, ctxs, dtypes = [], [], []
     for t in tensors:
-        w, dtype = _wire(t)
+        w, dtype = wire(t)
         c, ctx = compression.compress(w)
         wired.append(scale(c, prescale_factor))
         ctxs.append(ctx)

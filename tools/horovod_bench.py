@@ -1,6 +1,6 @@
-"""``python -m mpidist.horovod.bench``: Horovod's API on mpidist against mpidist's own path and raw MPI.
+"""``python -m tools.horovod_bench``: Horovod's API on mpidist against mpidist's own path and raw MPI.
 
-Run under mpirun, e.g. ``mpirun -n 2 python -m mpidist.horovod.bench``. Rank 0 prints.
+Run under mpirun, e.g. ``mpirun -n 2 python -m tools.horovod_bench``. Rank 0 prints.
 
 (a) allreduce of one 4 KB float32 tensor inside a ``tf.function``: ``hvd.allreduce``; mpidist's
     strategy (``strategy.run`` + ``ReplicaContext.all_reduce``); raw mpi4py ``Allreduce`` of the
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..bench.timing import compare
+from mpidist.bench.timing import compare
 
 HOROVOD_0_28_1_ALLREDUCE_4KB_MS = 1.08
 
@@ -70,7 +70,7 @@ def _step_cases(tf: Any, keras: Any, hvd: Any, strategy: Any, size: int, batch: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpidist.horovod.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.horovod_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="time per comparison (default 3)")
     parser.add_argument("--batch", type=int, default=64, help="per-rank batch of the Keras step (default 64)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
