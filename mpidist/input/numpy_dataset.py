@@ -39,7 +39,8 @@ class NumpyDataset:
                              f"got {global_batch_size!r}")
         return BatchedNumpyDataset(self, global_batch_size, drop_remainder)
 
-    def _take(self, start: int, stop: int) -> Any:
+    def examples(self, start: int, stop: int) -> Any:
+        """Examples ``start:stop`` (in the shuffled order, if shuffled) as the input's structure."""
         if self._order is None:
             return nest.unflatten(self._tree, [a[start:stop] for a in self._arrays])
         idx = self._order[start:stop]
@@ -62,4 +63,4 @@ class BatchedNumpyDataset:
     def __iter__(self) -> Iterator[Any]:
         b = self.global_batch_size
         for i in range(len(self)):
-            yield self.data._take(i * b, min((i + 1) * b, self.data.num_examples))
+            yield self.data.examples(i * b, min((i + 1) * b, self.data.num_examples))

@@ -197,3 +197,14 @@ def auto_shard(dataset: tf.data.Dataset, num_workers: int, index: int, policy: A
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
     return _AutoShardDataset(dataset.with_options(options), num_workers, index, num_workers)
+
+
+def owning_strategy(variable: Any) -> Any:
+    """The ``tf.distribute.Strategy`` a variable was created under (``Variable._distribute_strategy``), or None."""
+    return getattr(variable, "_distribute_strategy", None)
+
+
+def distributed_container(value: Any) -> Any:
+    """The DistributedVariable whose component ``value`` is (``_distributed_container``), or None."""
+    container = getattr(value, "_distributed_container", None)
+    return container() if callable(container) else None

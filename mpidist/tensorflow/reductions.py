@@ -106,7 +106,7 @@ def reduce_tensors(engine: Any, op: ReduceOp, tensors: Sequence[tf.Tensor], axis
 def merge_options(base: CommunicationOptions, override: Any, where: str) -> CallOptions:
     """``override`` (ours or TensorFlow's CommunicationOptions, or None) merged over ``base``."""
     merged = base if override is None else base.merge(as_options(override, where))
-    return CallOptions(merged.bytes_per_pack or None, merged.timeout_seconds, merged.implementation.value.lower())
+    return merged.call_options()
 
 
 def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:
