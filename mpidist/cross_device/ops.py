@@ -33,7 +33,7 @@ import sys
 from typing import Any, Iterable
 
 from ..collectives import Engine, gpu
-from ..validation import check_bytes_per_pack, check_num_packs
+from ..validation import check_bytes_per_pack, check_num_packs, is_integer
 from .options import CommunicationOptions, as_options
 from .reduce_op import ReduceOp, as_reduce_op
 
@@ -241,8 +241,8 @@ class ReductionToOneDevice(CrossDeviceOps):
 def _root_of(device: Any) -> int:
     if device is None:
         return 0
-    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
-        return device
+    if is_integer(device) and device >= 0:
+        return int(device)
     if isinstance(device, str):
         for part in device.split("/"):
             if part.startswith("task:") and part[5:].isdigit():

@@ -29,6 +29,10 @@ Required:
   shards a dataset by its input files (what TF's MultiWorkerMirroredStrategy applies).
 - ``DatasetV2._as_serialized_graph`` (a method): the dataset's GraphDef, read to find the files a
   dataset reads and count them before sharding by file.
+- ``Variable._distribute_strategy`` and ``_distributed_container`` (attributes, read with
+  ``getattr``: absent means None): the strategy a variable was created under
+  (``colocate_vars_with`` checks it) and the distributed variable a component belongs to
+  (``extended.value_container``).
 
 Optional:
 - ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets eager
