@@ -101,6 +101,10 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         """SyncOnRead variable id -> its aggregate, while ``checkpoint.save`` runs (else empty)."""
         return self._saved_reads
 
+    @saved_reads.setter
+    def saved_reads(self, reads: dict[int, tf.Tensor]) -> None:
+        self._saved_reads = reads
+
     def container_strategy(self) -> tf.distribute.Strategy:
         """The strategy this object is the ``extended`` of."""
         return self._container_strategy()
