@@ -26,7 +26,7 @@ _STRUCTURE = "__structure__"
 def _engine(strategy: Any) -> Engine:
     if isinstance(strategy, Engine):
         return strategy
-    engine = getattr(getattr(strategy, "extended", None), "_engine", None)
+    engine = getattr(getattr(strategy, "extended", None), "engine", None)
     if not isinstance(engine, Engine):
         raise TypeError(f"checkpoint: `strategy` must be an mpidist strategy or Engine, got {type(strategy).__name__}")
     return engine

@@ -40,6 +40,7 @@ from mpi4py import MPI
 
 from ._config import rc
 from .topology import abort, validate_comm
+from .validation import is_integer
 
 __all__ = ["MPIClusterResolver"]
 
@@ -69,7 +70,7 @@ def _roles(ps: Any, roles: Any, size: int) -> list[str] | None:
     where = "MPIClusterResolver"
     if roles is not None and ps:
         raise ValueError(f"{where}: give `ps` or `roles`, not both")
-    if isinstance(ps, bool) or not isinstance(ps, int) or not 0 <= ps < size:
+    if not is_integer(ps) or not 0 <= ps < size:
         raise ValueError(f"{where}: `ps` must be an int in [0, {size}) (the chief needs a rank of its own), "
                          f"got {ps!r}")
     if roles is not None:
@@ -101,7 +102,7 @@ class MPIClusterResolver:
                  ps: int = 0, roles: Sequence[str] | None = None, host: str | None = None) -> None:
         where = "MPIClusterResolver"
         self.comm = validate_comm(comm, where)
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        if port is not None and (not is_integer(port) or not 0 < port < 65536):
             raise ValueError(f"{where}: `port` must be None or a TCP port number, got {port!r}")
         if host is not None and (not isinstance(host, str) or not host):
             raise ValueError(f"{where}: `host` must be None or a host name or address, got {host!r}")
@@ -150,7 +151,7 @@ class MPIClusterResolver:
         jobs = self._jobs()
         if task_type not in jobs:
             raise ValueError(f"{where}: `task_type` must be one of {sorted(jobs)}, got {task_type!r}")
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 <= task_id < len(jobs[task_type]):
+        if not is_integer(task_id) or not 0 <= task_id < len(jobs[task_type]):
             raise ValueError(f"{where}: `task_id` must be in [0, {len(jobs[task_type])}) for {task_type!r}, "
                              f"got {task_id!r}")
         return self._tasks.index((task_type, task_id))
@@ -163,7 +164,7 @@ class MPIClusterResolver:
         jobs = self._jobs()
         if task_type not in jobs:
             raise ValueError(f"{where}: `task_type` must be one of {sorted(jobs)} or None, got {task_type!r}")
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 <= task_id < len(jobs[task_type]):
+        if not is_integer(task_id) or not 0 <= task_id < len(jobs[task_type]):
             raise ValueError(f"{where}: `task_id` must be in [0, {len(jobs[task_type])}), got {task_id}")
         address = jobs[task_type][task_id]
         layer = self.rpc_layer if rpc_layer is None else rpc_layer

@@ -40,13 +40,19 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
-def check_nonneg_int(value: Any, where: str, name: str, *, optional: bool = False) -> int | None:
-    """An integer >= 0 as a Python int; ``None`` passes through when ``optional``."""
+def check_int_at_least(value: Any, where: str, name: str, low: int, *, optional: bool = False) -> int | None:
+    """An integer >= ``low`` as a Python int; ``None`` passes through when ``optional``."""
     if value is None and optional:
         return None
-    if not is_integer(value) or value < 0:
-        raise ValueError(f"{where}: `{name}` must be an integer >= 0{' or None' if optional else ''}, got {value!r}")
+    if not is_integer(value) or value < low:
+        raise ValueError(f"{where}: `{name}` must be an integer >= {low}{' or None' if optional else ''}, "
+                         f"got {value!r}")
     return int(value)
+
+
+def check_nonneg_int(value: Any, where: str, name: str, *, optional: bool = False) -> int | None:
+    """An integer >= 0 as a Python int; ``None`` passes through when ``optional``."""
+    return check_int_at_least(value, where, name, 0, optional=optional)
 
 
 def check_bytes_per_pack(value: Any, where: str, *, optional: bool = False) -> int | None:

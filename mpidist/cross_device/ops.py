@@ -33,6 +33,7 @@ import sys
 from typing import Any, Iterable
 
 from ..collectives import Engine, gpu
+from ..validation import check_bytes_per_pack, check_num_packs, is_integer
 from .options import CommunicationOptions, as_options
 from .reduce_op import ReduceOp, as_reduce_op
 
@@ -74,14 +75,8 @@ def _adapter_for(*values: Any) -> Any | None:
 def local_value(value: Any) -> Any:
     """The local component of a DistributedValues-like value (anything with ``.values``), or value."""
     values = getattr(value, "values", None)
-    if isinstance(values, tuple) and len(values) == 1 and hasattr(value, "_is_distributed_value"):
+    if isinstance(values, tuple) and len(values) == 1 and getattr(value, "is_distributed_value", False) is True:
         return values[0]
-    return value
-
-
-def _num_packs(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where}: `num_packs` must be >= 0, got {value!r}")
     return value
 
 
@@ -98,8 +93,6 @@ class CrossDeviceOps:
         """Run on ``engine`` (a strategy binds its cross_device_ops to its own engine); returns self."""
         self._engine = engine
         return self
-
-    _bind = bind
 
     @property
     def engine(self) -> Engine:
@@ -120,7 +113,7 @@ class CrossDeviceOps:
         adapter = _adapter_for(per_replica_value)
         if adapter is not None:
             return adapter.reduce(self, op, per_replica_value, options, where)
-        return self._reduce(op, local_value(per_replica_value), options, where)
+        return self.all_reduce_local(op, local_value(per_replica_value), options, where)
 
     def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
                      options: Any = None) -> list[Any]:
@@ -133,7 +126,7 @@ class CrossDeviceOps:
         if adapter is not None:
             return list(adapter.batch_reduce(self, op, values, options, where)) if values else []
         values = [local_value(v) for v in values]
-        return list(self._reduce(op, values, options, where)) if values else []
+        return list(self.all_reduce_local(op, values, options, where)) if values else []
 
     def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
         """The value of ``root`` (default rank 0) delivered to every rank."""
@@ -146,7 +139,7 @@ class CrossDeviceOps:
     def reduce_arrays(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
         """This object's reduction (algorithm, packing, root) of arrays, numbers or a nest of them."""
         where = f"{type(self).__name__}.reduce"
-        return self._reduce(as_reduce_op(reduce_op, where), value, as_options(options, where), where)
+        return self.all_reduce_local(as_reduce_op(reduce_op, where), value, as_options(options, where), where)
 
     def broadcast_arrays(self, value: Any, root: int = 0, timeout_seconds: float | None = None) -> Any:
         """``root``'s arrays (a nest) on every rank."""
@@ -161,7 +154,8 @@ class CrossDeviceOps:
         """(implementation for device buffers, who asked for it): the options' by default."""
         return (options.implementation.value if options is not None else "auto"), None
 
-    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
         kwargs = dict(self._packing(), algorithm=self.algorithm, timeout_seconds=options.timeout_seconds)
         if options.bytes_per_pack and "num_packs" not in kwargs:
             kwargs["bytes_per_pack"] = options.bytes_per_pack
@@ -178,22 +172,21 @@ class MPIAllReduce(CrossDeviceOps):
 
     def __init__(self, bytes_per_pack: int = 0) -> None:
         super().__init__()
-        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int) or bytes_per_pack < 0:
-            raise ValueError(f"MPIAllReduce: `bytes_per_pack` must be >= 0, got {bytes_per_pack!r}")
-        self.bytes_per_pack = bytes_per_pack
+        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, "MPIAllReduce")
 
     def _packing(self) -> dict[str, Any]:
         return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack else {}
 
 
+_nccl_host_told = False  # NcclAllReduce logged once that host buffers use MPI
+
+
 class NcclAllReduce(CrossDeviceOps):
     """NCCL inside the node for GPU buffers, MPI across nodes; host buffers use MPI."""
 
-    _told = False
-
     def __init__(self, num_packs: int = 1) -> None:
         super().__init__()
-        self.num_packs = _num_packs(num_packs, "NcclAllReduce")
+        self.num_packs = check_num_packs(num_packs, "NcclAllReduce")
 
     def _packing(self) -> dict[str, Any]:
         return {"num_packs": self.num_packs}
@@ -201,13 +194,14 @@ class NcclAllReduce(CrossDeviceOps):
     def _implementation(self, options: CommunicationOptions | None) -> tuple[str, str | None]:
         return "nccl", "NcclAllReduce"
 
-    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
-        if not NcclAllReduce._told:
-            NcclAllReduce._told = True
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        global _nccl_host_told
+        if not _nccl_host_told:
+            _nccl_host_told = True
             if self.engine.rank == 0:
                 _log.info("NcclAllReduce: host (NumPy) buffers are reduced with MPI; NCCL serves GPU "
                           "(CuPy) buffers")
-        return super()._reduce(op, value, options, where)
+        return super().all_reduce_local(op, value, options, where)
 
 
 class HierarchicalCopyAllReduce(CrossDeviceOps):
@@ -217,7 +211,7 @@ class HierarchicalCopyAllReduce(CrossDeviceOps):
 
     def __init__(self, num_packs: int = 1) -> None:
         super().__init__()
-        self.num_packs = _num_packs(num_packs, "HierarchicalCopyAllReduce")
+        self.num_packs = check_num_packs(num_packs, "HierarchicalCopyAllReduce")
 
     def _packing(self) -> dict[str, Any]:
         return {"num_packs": self.num_packs}
@@ -233,7 +227,7 @@ class ReductionToOneDevice(CrossDeviceOps):
         if accumulation_fn is not None:
             _log.info("ReductionToOneDevice: `accumulation_fn` is ignored; the reduction runs in MPI")
 
-    def _reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
         engine, timeout = self.engine, options.timeout_seconds
         if self.root >= engine.size:
             raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
@@ -247,8 +241,8 @@ class ReductionToOneDevice(CrossDeviceOps):
 def _root_of(device: Any) -> int:
     if device is None:
         return 0
-    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
-        return device
+    if is_integer(device) and device >= 0:
+        return int(device)
     if isinstance(device, str):
         for part in device.split("/"):
             if part.startswith("task:") and part[5:].isdigit():

@@ -33,7 +33,7 @@ def distribute_dataset(strategy: Any, dataset: Any, options: Any = None) -> Dist
                         f"{type(dataset).__name__}") from None
     if iter(dataset) is dataset:
         _log.debug("%s: `dataset` is an iterator: it can be iterated once", where)
-    return DistributedDataset(strategy.extended._engine, lambda: iter(dataset), split=True, where=where)
+    return DistributedDataset(strategy.extended.engine, lambda: iter(dataset), split=True, where=where)
 
 
 def distribute_datasets_from_function(strategy: Any, dataset_fn: Callable[[InputContext], Any],
@@ -43,7 +43,7 @@ def distribute_datasets_from_function(strategy: Any, dataset_fn: Callable[[Input
     _check_options(options, where)
     if not callable(dataset_fn):
         raise TypeError(f"{where}: `dataset_fn` must be callable, got {type(dataset_fn).__name__}")
-    engine = strategy.extended._engine
+    engine = strategy.extended.engine
     dataset = dataset_fn(InputContext(engine.size, engine.rank, engine.size))
     return DistributedDataset(engine, lambda: iter(dataset), split=False, where=where)
 

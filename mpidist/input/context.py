@@ -8,6 +8,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from ..validation import check_int_at_least, check_nonneg_int
+
 
 class InputReplicationMode(enum.Enum):
     PER_WORKER = "PER_WORKER"
@@ -22,8 +24,7 @@ class InputContext:
         for name, value, low in (("num_input_pipelines", num_input_pipelines, 1),
                                  ("input_pipeline_id", input_pipeline_id, 0),
                                  ("num_replicas_in_sync", num_replicas_in_sync, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"InputContext: `{name}` must be an integer >= {low}, got {value!r}")
+            check_int_at_least(value, "InputContext", name, low)
         if input_pipeline_id >= num_input_pipelines:
             raise ValueError(f"InputContext: `input_pipeline_id` must be < num_input_pipelines "
                              f"({num_input_pipelines}), got {input_pipeline_id}")
@@ -45,9 +46,8 @@ class InputContext:
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
         """``global_batch_size`` divided by the number of replicas; ValueError when it does not divide."""
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 0:
-            raise ValueError(f"InputContext.get_per_replica_batch_size: `global_batch_size` must be an "
-                             f"integer >= 0, got {global_batch_size!r}")
+        global_batch_size = check_nonneg_int(global_batch_size, "InputContext.get_per_replica_batch_size",
+                                             "global_batch_size")
         if global_batch_size % self._num_replicas_in_sync:
             raise ValueError(f"InputContext.get_per_replica_batch_size: `global_batch_size` "
                              f"{global_batch_size} is not divisible by num_replicas_in_sync "

@@ -60,6 +60,25 @@ class DistributedDataset:
     def __init__(self, engine: Engine, make_source: Callable[[], Iterable[Any]], split: bool, where: str) -> None:
         self._engine, self._make_source, self._split, self._where = engine, make_source, split, where
 
+    @property
+    def engine(self) -> Engine:
+        """The engine the iterators agree on batches with."""
+        return self._engine
+
+    @property
+    def split(self) -> bool:
+        """Whether each element is a global batch that every rank takes its block of."""
+        return self._split
+
+    @property
+    def where(self) -> str:
+        """The API call that made this dataset (for error messages)."""
+        return self._where
+
+    def make_source(self) -> Iterable[Any]:
+        """A fresh iterable of this rank's elements."""
+        return self._make_source()
+
     def __iter__(self) -> "DistributedIterator":
         return DistributedIterator(self)
 
@@ -76,7 +95,7 @@ class DistributedDataset:
 class DistributedIterator:
     def __init__(self, dataset: DistributedDataset) -> None:
         self._ds = dataset
-        self._source: Iterator[Any] = iter(dataset._make_source())
+        self._source: Iterator[Any] = iter(dataset.make_source())
         self._template: tuple[list[tuple[np.dtype, tuple]], Any] | None = None
         self._exhausted = False
 
@@ -85,7 +104,7 @@ class DistributedIterator:
 
     def __next__(self) -> Any:
         value = self._local_next()
-        engine = self._ds._engine
+        engine = self._ds.engine
         flags = engine.allreduce(np.array([value is not None, value is None and self._template is None],
                                           dtype=np.uint8), "max")
         if flags[1]:
@@ -98,7 +117,7 @@ class DistributedIterator:
         try:
             return next(self)
         except StopIteration:
-            raise OutOfRangeError(f"{self._ds._where}: get_next: end of sequence") from None
+            raise OutOfRangeError(f"{self._ds.where}: get_next: end of sequence") from None
 
     def get_next_as_optional(self) -> Optional:
         try:
@@ -119,8 +138,8 @@ class DistributedIterator:
         except StopIteration:
             self._exhausted = True
             return None
-        arrays, tree = _arrays(element, self._ds._where)
-        if self._ds._split:
+        arrays, tree = _arrays(element, self._ds.where)
+        if self._ds.split:
             arrays = self._my_block(arrays)
         self._template = ([(a.dtype, a.shape[1:]) for a in arrays], tree)
         return nest.unflatten(tree, arrays)
@@ -128,16 +147,16 @@ class DistributedIterator:
     def _my_block(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         lengths = {a.shape[0] for a in arrays}
         if len(lengths) != 1:
-            raise ValueError(f"{self._ds._where}: the components of a global batch differ in batch size: "
+            raise ValueError(f"{self._ds.where}: the components of a global batch differ in batch size: "
                              f"{sorted(lengths)}")
-        engine = self._ds._engine
+        engine = self._ds.engine
         rows = block_rows(lengths.pop(), engine.size)
         start = sum(rows[:engine.rank])
         return [a[start:start + rows[engine.rank]] for a in arrays]
 
     def _share_template(self, value: Any) -> None:
         """Some rank has never had an element: the lowest rank that has one sends its layout."""
-        comm = self._ds._engine.topology.comm
+        comm = self._ds.engine.topology.comm
         have = self._template is not None
         root = comm.allreduce(comm.Get_rank() if have else comm.Get_size(), op=MPI.MIN)
         if root < comm.Get_size():

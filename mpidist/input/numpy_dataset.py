@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..collectives import nest
+from ..validation import check_int_at_least
 
 
 class NumpyDataset:
@@ -34,12 +35,11 @@ class NumpyDataset:
         return NumpyDataset(nest.unflatten(self._tree, self._arrays), order)
 
     def batch(self, global_batch_size: int, drop_remainder: bool = False) -> "BatchedNumpyDataset":
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise ValueError(f"NumpyDataset.batch: `global_batch_size` must be an integer >= 1, "
-                             f"got {global_batch_size!r}")
+        global_batch_size = check_int_at_least(global_batch_size, "NumpyDataset.batch", "global_batch_size", 1)
         return BatchedNumpyDataset(self, global_batch_size, drop_remainder)
 
-    def _take(self, start: int, stop: int) -> Any:
+    def examples(self, start: int, stop: int) -> Any:
+        """Examples ``start:stop`` (in the shuffled order, if shuffled) as the input's structure."""
         if self._order is None:
             return nest.unflatten(self._tree, [a[start:stop] for a in self._arrays])
         idx = self._order[start:stop]
@@ -62,4 +62,4 @@ class BatchedNumpyDataset:
     def __iter__(self) -> Iterator[Any]:
         b = self.global_batch_size
         for i in range(len(self)):
-            yield self.data._take(i * b, min((i + 1) * b, self.data.num_examples))
+            yield self.data.examples(i * b, min((i + 1) * b, self.data.num_examples))

@@ -25,9 +25,8 @@ def strategy_of(ckpt: Any) -> Any:
     import tensorflow as tf
     if tf.distribute.has_strategy():
         return patching.multi_rank(tf.distribute.get_strategy())
-    children = getattr(ckpt, "_trackable_children", None)
-    for child in (children().values() if callable(children) else ()):
-        found = patching.multi_rank(getattr(child, "_distribute_strategy", None))
+    for child_strategy in patching.child_strategies(ckpt):
+        found = patching.multi_rank(child_strategy)
         if found is not None:
             return found
     return None

@@ -99,9 +99,19 @@ class StrategyExtended:
         self._container = container
         self._engine = engine
         self._options = options
-        self._cross_device_ops = (cross_device_ops or MPIAllReduce())._bind(engine)
+        self._cross_device_ops = (cross_device_ops or MPIAllReduce()).bind(engine)
 
     # -- facts ---------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        """The engine whose communicator this strategy's collectives run on."""
+        return self._engine
+
+    @property
+    def options(self) -> CommunicationOptions:
+        """The strategy's CommunicationOptions (the defaults of every call)."""
+        return self._options
+
     @property
     def rank(self) -> int:
         return self._engine.rank
@@ -131,17 +141,20 @@ class StrategyExtended:
         return self.worker_devices
 
     # -- communication ---------------------------------------------------------------------------
-    def _check_open(self, where: str) -> None:
+    def check_open(self, where: str) -> None:
+        """Raise if the strategy was closed (``where`` names the caller)."""
         if self._container.closed:
             raise RuntimeError(f"{where}: the strategy was closed (strategy.close(), or the end of its `with` "
                                f"block), which freed its communicators; build a new strategy")
 
-    def _all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
-        self._check_open(f"{type(self._container).__name__}: all_reduce")
-        return self._cross_device_ops._reduce(op, map_local(value), options, "all_reduce")
+    def all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
+        """Reduce this rank's ``value`` (a nest) across replicas with ``options`` (already merged)."""
+        self.check_open(f"{type(self._container).__name__}: all_reduce")
+        return self._cross_device_ops.all_reduce_local(op, map_local(value), options, "all_reduce")
 
-    def _gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
-        self._check_open(where)
+    def gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+        """Concatenate every replica's ``value`` along ``axis`` (``where`` names the caller)."""
+        self.check_open(where)
         return gather_along_axis(self._engine, value, axis, self._options.merge(options), where)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None,
@@ -150,7 +163,7 @@ class StrategyExtended:
         and ignored: one device per rank)."""
         where = f"{type(self._container).__name__}.extended.reduce_to"
         op = as_reduce_op(reduce_op, where)
-        return self._all_reduce(op, value, self._options.merge(hints_and_options(options, experimental_hints, where)))
+        return self.all_reduce(op, value, self._options.merge(hints_and_options(options, experimental_hints, where)))
 
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
                         experimental_hints: Any = None) -> list[Any]:
@@ -161,11 +174,11 @@ class StrategyExtended:
         if not values:
             return []
         opts = self._options.merge(hints_and_options(options, experimental_hints, where))
-        return list(self._all_reduce(op, values, opts))
+        return list(self.all_reduce(op, values, opts))
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
-        self._check_open(f"{type(self._container).__name__}.extended.broadcast_to")
+        self.check_open(f"{type(self._container).__name__}.extended.broadcast_to")
         return self._cross_device_ops.broadcast(map_local(tensor), destinations)
 
     def update(self, var: Any, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
@@ -199,7 +212,7 @@ class Strategy(metaclass=StrategyType):
     @property
     def engine(self) -> Engine:
         """The engine whose communicator this strategy's collectives run on."""
-        return self._extended._engine
+        return self._extended.engine
 
     @property
     def closed(self) -> bool:
@@ -211,7 +224,7 @@ class Strategy(metaclass=StrategyType):
         calls it). Collectives raise afterwards; closing again does nothing."""
         if not self._closed:
             self._closed = True
-            self._extended._engine.close()
+            self._extended.engine.close()
 
     def __enter__(self) -> "Strategy":
         return self
@@ -257,16 +270,16 @@ class Strategy(metaclass=StrategyType):
         """Reduce ``value`` across replicas; with ``axis``, also along that axis (MEAN: over the global
         number of elements along it)."""
         where = f"{type(self).__name__}.reduce"
-        self._extended._check_open(where)
+        self._extended.check_open(where)
         op = as_reduce_op(reduce_op, where)
-        opts = self._extended._options.merge(hints_and_options(options, experimental_hints, where))
+        opts = self._extended.options.merge(hints_and_options(options, experimental_hints, where))
         if axis is None:
-            return self._extended._all_reduce(op, value, opts)
-        return reduce_along_axis(self._extended._engine, op, value, axis, opts, where)
+            return self._extended.all_reduce(op, value, opts)
+        return reduce_along_axis(self._extended.engine, op, value, axis, opts, where)
 
     def gather(self, value: Any, axis: Any) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ per rank)."""
-        return self._extended._gather(value, axis, CommunicationOptions(), f"{type(self).__name__}.gather")
+        return self._extended.gather(value, axis, CommunicationOptions(), f"{type(self).__name__}.gather")
 
     def experimental_local_results(self, value: Any) -> tuple[Any]:
         """The values of the local replicas: a 1-tuple (one replica per rank)."""
@@ -277,12 +290,12 @@ class Strategy(metaclass=StrategyType):
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Per-replica batches for this rank from an iterable of global batches (see mpidist.input)."""
-        self._extended._check_open(f"{type(self).__name__}.experimental_distribute_dataset")
+        self._extended.check_open(f"{type(self).__name__}.experimental_distribute_dataset")
         return _input("experimental_distribute_dataset").distribute_dataset(self, dataset, options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any = None) -> Any:
         """``dataset_fn(InputContext)`` builds this rank's input pipeline (see mpidist.input)."""
-        self._extended._check_open(f"{type(self).__name__}.distribute_datasets_from_function")
+        self._extended.check_open(f"{type(self).__name__}.distribute_datasets_from_function")
         return _input("distribute_datasets_from_function").distribute_datasets_from_function(
             self, dataset_fn, options)
 
@@ -292,7 +305,8 @@ class Strategy(metaclass=StrategyType):
         """An in-memory dataset of examples along axis 0; ``.batch(global_batch_size)`` it."""
         return _input("experimental_make_numpy_dataset").make_numpy_dataset(self, numpy_input)
 
-    def _default_replica_context(self) -> context.ReplicaContext:
+    def default_replica_context(self) -> context.ReplicaContext:
+        """The replica context outside ``run`` (replica id: this rank)."""
         return context.ReplicaContext(self, self._extended.rank)
 
     def __repr__(self) -> str:

@@ -82,7 +82,7 @@ def get_replica_context() -> "ReplicaContext | None":
         tfd = _tf_distribute()
         if tfd is not None and tfd.has_strategy():
             return tfd.get_replica_context()
-        return get_strategy()._default_replica_context()
+        return get_strategy().default_replica_context()
     return top[1]
 
 
@@ -142,13 +142,13 @@ class ReplicaContext:
         """Reduce a nest across replicas in one logical collective."""
         where = "ReplicaContext.all_reduce"
         op = as_reduce_op(reduce_op, where)
-        opts = self._strategy.extended._options.merge(hints_and_options(options, experimental_hints, where))
-        return self._strategy.extended._all_reduce(op, value, opts)
+        opts = self._strategy.extended.options.merge(hints_and_options(options, experimental_hints, where))
+        return self._strategy.extended.all_reduce(op, value, opts)
 
     def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""
         where = "ReplicaContext.all_gather"
-        return self._strategy.extended._gather(value, axis, hints_and_options(options, experimental_hints, where),
+        return self._strategy.extended.gather(value, axis, hints_and_options(options, experimental_hints, where),
                                                where)
 
     def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..collectives import Engine, gpu, nest
 from ..cross_device import CommunicationOptions, ReduceOp
+from ..validation import is_integer
 from ..values import local
 
 
@@ -24,7 +25,7 @@ def map_local(value: Any) -> Any:
 
 
 def _axis(value: Any, ndim: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise TypeError(f"{where}: `axis` must be an int or None, got {value!r}")
     if not -ndim <= value < ndim:
         raise ValueError(f"{where}: `axis` {value} is out of range for a value of rank {ndim}")

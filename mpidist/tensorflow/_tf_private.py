@@ -29,6 +29,10 @@ Required:
   shards a dataset by its input files (what TF's MultiWorkerMirroredStrategy applies).
 - ``DatasetV2._as_serialized_graph`` (a method): the dataset's GraphDef, read to find the files a
   dataset reads and count them before sharding by file.
+- ``Variable._distribute_strategy`` and ``_distributed_container`` (attributes, read with
+  ``getattr``: absent means None): the strategy a variable was created under
+  (``colocate_vars_with`` checks it) and the distributed variable a component belongs to
+  (``extended.value_container``).
 
 Optional:
 - ``eager.record.could_possibly_record``: whether a gradient tape may be recording; lets eager
@@ -197,3 +201,14 @@ def auto_shard(dataset: tf.data.Dataset, num_workers: int, index: int, policy: A
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy
     return _AutoShardDataset(dataset.with_options(options), num_workers, index, num_workers)
+
+
+def owning_strategy(variable: Any) -> Any:
+    """The ``tf.distribute.Strategy`` a variable was created under (``Variable._distribute_strategy``), or None."""
+    return getattr(variable, "_distribute_strategy", None)
+
+
+def distributed_container(value: Any) -> Any:
+    """The DistributedVariable whose component ``value`` is (``_distributed_container``), or None."""
+    container = getattr(value, "_distributed_container", None)
+    return container() if callable(container) else None

@@ -62,7 +62,7 @@ def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.T
         if v.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN):
             groups.setdefault(ReduceOp.from_variable_aggregation(v.aggregation), []).append(v)
     ops = (ReduceOp.SUM, ReduceOp.MEAN)  # the same order on every rank
-    counts = ext._engine.allgather(np.array([[len(groups.get(op, [])) for op in ops]], dtype=np.int64))
+    counts = ext.engine.allgather(np.array([[len(groups.get(op, [])) for op in ops]], dtype=np.int64))
     if any((row != counts[0]).any() for row in counts):
         raise ValueError(f"{where}: ranks hold different sync-on-read variables (metrics): (SUM, MEAN) counts "
                          f"{', '.join(f'rank {r}: {tuple(int(c) for c in row)}' for r, row in enumerate(counts))}; "
@@ -71,8 +71,8 @@ def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.T
     for op in ops:
         group = groups.get(op, [])
         if group:
-            reduced = reductions.reduce_tensors(ext._engine, op, [v._values[0] for v in group], None,
-                                                ext._default_call, where)
+            reduced = reductions.reduce_tensors(ext.engine, op, [v.values[0] for v in group], None,
+                                                ext.default_call_options, where)
             found.update({id(v): r for v, r in zip(group, reduced)})
     return found
 
@@ -91,8 +91,8 @@ def share_outcome(strategy: MPIStrategy, text: str | None, error: BaseException 
     if error is not None:
         payload = b"E" + f"{type(error).__name__}: {error}".encode()
     else:
-        payload = b"P" + ((text or "").encode() if strategy.extended._rank == 0 else b"")
-    gathered = bytes(strategy.engine.allgather(_record(payload), **strategy.extended._default_call.kwargs()))
+        payload = b"P" + ((text or "").encode() if strategy.extended.rank == 0 else b"")
+    gathered = bytes(strategy.engine.allgather(_record(payload), **strategy.extended.default_call_options.kwargs()))
     records, offset = [], 0
     while offset < len(gathered):
         size = int.from_bytes(gathered[offset:offset + 4], "big")
@@ -118,8 +118,8 @@ def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: st
     result, error = None, None
     try:
         if aggregate:
-            ext._saved_reads = _aggregate_sync_on_read(strategy, where)
-        if ext._rank == 0:
+            ext.saved_reads = _aggregate_sync_on_read(strategy, where)
+        if ext.rank == 0:
             token = _WRITING.set(True)
             try:
                 result = write_on_chief()
@@ -130,13 +130,13 @@ def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: st
     except Exception as e:  # noqa: BLE001 -- every rank must reach share_outcome, whatever failed
         error = e
     finally:
-        ext._saved_reads = {}
+        ext.saved_reads = {}
     return share_outcome(strategy, None if result is None else str(result), error, where)
 
 
 def any_rank(strategy: MPIStrategy, flag: bool) -> bool:
     """Collective: whether ``flag`` is true on any rank (one tiny allreduce)."""
-    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", **strategy.extended._default_call.kwargs())
+    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", **strategy.extended.default_call_options.kwargs())
     return bool(found[0])
 
 
@@ -187,7 +187,7 @@ def save_manager(manager: tf.train.CheckpointManager, checkpoint_number: Any = N
     counter = manager.checkpoint.save_counter
     saved = _save(strategy, manager.checkpoint, lambda: manager.save(checkpoint_number) or "",
                   lambda: None, where)
-    if strategy.extended._rank != 0 and saved:
+    if strategy.extended.rank != 0 and saved:
         counter.assign_add(1)
     return saved
 

@@ -38,7 +38,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         self._engine = engine
         self._rank: int = engine.rank
         self._options = options
-        self._default_call = reductions.merge_options(options, None, "MPIExtended")
+        self._default_call = options.call_options()
         self._device = device
         self._scope_device = scope_device
         self._central_storage = central_storage
@@ -54,21 +54,78 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         self._cross_device_ops = cross_device_ops.bind(self._engine)
         self._reduce_engine = cross_device.OpsEngine(cross_device_ops)
 
+    # -- facts other mpidist modules read --------------------------------------------------------
+
+    @property
+    def engine(self) -> Any:
+        """The engine of this strategy's communicator (what collectives outside reductions run on)."""
+        return self._engine
+
+    @property
+    def rank(self) -> int:
+        """This process's replica id (its rank in the strategy's communicator)."""
+        return self._rank
+
+    @property
+    def options(self) -> CommunicationOptions:
+        """The strategy's CommunicationOptions."""
+        return self._options
+
+    @property
+    def default_call_options(self) -> collectives.CallOptions:
+        """The engine's per-call options made from the strategy's CommunicationOptions."""
+        return self._default_call
+
+    @property
+    def device(self) -> str:
+        """The device of this rank's replica (a TensorFlow device string)."""
+        return self._device
+
+    @property
+    def scope_device(self) -> str | None:
+        """The device that ``scope()`` and ``run`` place ops on, or None."""
+        return self._scope_device
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver the strategy was built with (or None)."""
+        return self._cluster_resolver
+
+    @property
+    def cross_device_ops(self) -> Any:
+        """The CrossDeviceOps given to ``use_cross_device_ops``, or None."""
+        return self._cross_device_ops
+
+    @property
+    def saved_reads(self) -> dict[int, tf.Tensor]:
+        """SyncOnRead variable id -> its aggregate, while ``checkpoint.save`` runs (else empty)."""
+        return self._saved_reads
+
+    @saved_reads.setter
+    def saved_reads(self, reads: dict[int, tf.Tensor]) -> None:
+        self._saved_reads = reads
+
+    def container_strategy(self) -> tf.distribute.Strategy:
+        """The strategy this object is the ``extended`` of."""
+        return self._container_strategy()
+
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _call_options(self, options: Any, where: str) -> collectives.CallOptions:
+    def call_options(self, options: Any, where: str) -> collectives.CallOptions:
+        """The engine's per-call options: ``options`` (ours or TensorFlow's, or None) over the strategy's."""
         return self._default_call if options is None else reductions.merge_options(self._options, options, where)
 
-    def _device_scope(self) -> ContextManager:
+    def device_scope(self) -> ContextManager:
+        """``tf.device(scope_device)``, or a no-op when there is none."""
         return tf.device(self._scope_device) if self._scope_device else contextlib.nullcontext()
 
-    def _local_value(self, value: Any) -> Any:
+    def local_value(self, value: Any) -> Any:
         """This rank's component of a distributed value, or the value itself."""
         if isinstance(value, tf.distribute.DistributedValues):
-            return value._values[0]  # pylint: disable=protected-access
+            return value.values[0]
         return local_value(value)  # mpidist's own DistributedValues too
 
-    def _reduce_nest(self, op: ReduceOp, value: Any, axis: Any, options: Any, where: str) -> Any:
+    def reduce_nest(self, op: ReduceOp, value: Any, axis: Any, options: Any, where: str) -> Any:
         """One engine call for the whole nest ``value`` (see reductions.reduce_tensors)."""
         flat = tf.nest.flatten(value)
         if not flat:
@@ -77,8 +134,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
             found = [self._saved_reads.get(id(v)) for v in flat]
             if all(f is not None for f in found):
                 return tf.nest.pack_sequence_as(value, found)
-        leaves = [tf.convert_to_tensor(self._local_value(v)) for v in flat]
-        call = self._call_options(options, where)
+        leaves = [tf.convert_to_tensor(self.local_value(v)) for v in flat]
+        call = self.call_options(options, where)
         reduced = reductions.reduce_tensors(self._reduce_engine, op, leaves, axis, call, where)
         return tf.nest.pack_sequence_as(value, reduced)
 
@@ -97,7 +154,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         return variable
 
     def _validate_colocate_with_variable(self, colocate_with_variable: Any) -> None:
-        owner = getattr(colocate_with_variable, "_distribute_strategy", None)
+        owner = _tf_private.owning_strategy(colocate_with_variable)
         if owner is not None and owner is not self._container_strategy():
             raise ValueError(f"{type(self).__name__}.colocate_vars_with: `colocate_with_variable` must be a "
                              f"variable created in this strategy's scope, got {colocate_with_variable!r}")
@@ -106,26 +163,26 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         if _tf_private.is_sync_on_read(replica_local_var):
             aggregation = replica_local_var.aggregation
             if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
-                return tf.identity(replica_local_var._values[0])  # pylint: disable=protected-access
+                return tf.identity(replica_local_var.values[0])
             op = ReduceOp.from_variable_aggregation(aggregation)
-            return self._reduce_nest(op, replica_local_var, None, None, "read_var")
+            return self.reduce_nest(op, replica_local_var, None, None, "read_var")
         return tf.identity(replica_local_var)
 
     def value_container(self, value: Any) -> Any:
-        container = getattr(value, "_distributed_container", None)
-        return container() if callable(container) else value
+        container = _tf_private.distributed_container(value)
+        return value if container is None else container
 
     # -- replicas ---------------------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        with self._device_scope(), MPIReplicaContext(self._container_strategy(), self._rank):
+        with self.device_scope(), MPIReplicaContext(self._container_strategy(), self._rank):
             return fn(*args, **kwargs)
 
     def _local_results(self, value: Any) -> tuple:
         if isinstance(value, tf.distribute.DistributedValues):
-            return tuple(value._values)  # pylint: disable=protected-access
+            return tuple(value.values)
         if tf.nest.is_nested(value):
-            return (tf.nest.map_structure(self._local_value, value),)
+            return (tf.nest.map_structure(self.local_value, value),)
         return (value,)
 
     @property
@@ -182,7 +239,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         where = f"{type(self).__name__}.reduce_to"
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
-        return self._reduce_nest(reductions.parse_op(reduce_op, where), value, None, options, where)
+        return self.reduce_nest(reductions.parse_op(reduce_op, where), value, None, options, where)
 
     @_no_autograph
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
@@ -192,7 +249,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
         values = [v for v, _ in value_destination_pairs]
-        return list(self._reduce_nest(reductions.parse_op(reduce_op, where), values, None, options, where))
+        return list(self.reduce_nest(reductions.parse_op(reduce_op, where), values, None, options, where))
 
     _reduce_to = reduce_to
     _batch_reduce_to = batch_reduce_to
@@ -208,15 +265,15 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Rank 0's value on every rank (the whole nest in one broadcast)."""
-        flat = [tf.convert_to_tensor(self._local_value(v)) for v in tf.nest.flatten(tensor)]
+        flat = [tf.convert_to_tensor(self.local_value(v)) for v in tf.nest.flatten(tensor)]
         out = collectives.broadcast(self._reduce_engine, flat, 0, self._default_call, "MPIExtended.broadcast_to")
         return tf.nest.pack_sequence_as(tensor, out)
 
     def _gather_to_implementation(self, value: Any, destinations: Any, axis: Any, options: Any) -> Any:
         where = "MPIExtended.gather"
-        x = tf.convert_to_tensor(self._local_value(value))
+        x = tf.convert_to_tensor(self.local_value(value))
         axis = reductions.normalize_axis(axis, x.shape.rank, where)
-        return collectives.allgather(self._engine, [x], axis, self._call_options(options, where), where)[0]
+        return collectives.allgather(self._engine, [x], axis, self.call_options(options, where), where)[0]
 
     # -- updates ----------------------------------------------------------------------------------
 
@@ -225,7 +282,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
             return self._update_non_slot(var, fn, (var,) + tuple(args), kwargs, group)
         # Program order (eager, or automatic control dependencies in a tf.function) puts the
         # broadcast after the chief's update of `var`.
-        with self._device_scope(), _tf_private.UpdateContext(0):
+        with self.device_scope(), _tf_private.UpdateContext(0):
             result = fn(var, *args, **kwargs) if self._rank == 0 else None
             value = collectives.broadcast(self._engine, [var.read_value()], 0, self._default_call,
                                           "CentralStorageStrategy update (broadcast from the chief)")[0]
@@ -235,7 +292,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _update_non_slot(self, colocate_with: Any, fn: Callable[..., Any], args: Any, kwargs: Any,
                          group: bool) -> Any:
-        with self._device_scope(), _tf_private.UpdateContext(0):
+        with self.device_scope(), _tf_private.UpdateContext(0):
             result = fn(*args, **kwargs)
         return result if group else tf.nest.map_structure(self._local_results, result)
 

@@ -129,7 +129,7 @@ def distribute_dataset(strategy: tf.distribute.Strategy, dataset: Any, options: 
         raise TypeError(f"{where}: `dataset` must be a tf.data.Dataset, got {type(dataset).__name__}")
     _check_options(options, where)
     ext = strategy.extended
-    engine, rank, size = ext._engine, ext._rank, ext._engine.size
+    engine, rank, size = ext.engine, ext.rank, ext.engine.size
     policy = autoshard.policy_of(dataset)
     if size == 1:  # as TensorFlow with one worker: only SHARD_HINT placeholders need filling in
         if policy == autoshard.Policy.HINT:
@@ -138,7 +138,7 @@ def distribute_dataset(strategy: tf.distribute.Strategy, dataset: Any, options: 
     autoshard.check_batched(dataset, where)
     files = autoshard.count_files(dataset) if policy in (autoshard.Policy.AUTO, autoshard.Policy.FILE) else None
     mine = [files.count if files else autoshard.NO_READER, int(dataset.cardinality())]
-    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), **ext._default_call.kwargs()))
+    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs()))
     mode, warning = autoshard.decide(policy, [int(c) for c in everyone[:, 0]], size, where)
     if warning and rank == 0:
         _log.warning("%s", warning)
@@ -158,15 +158,15 @@ def distribute_from_function(strategy: tf.distribute.Strategy, dataset_fn: Calla
         raise TypeError(f"{where}: `dataset_fn` must be callable, got {type(dataset_fn).__name__}")
     _check_options(options, where)
     ext = strategy.extended
-    engine, size = ext._engine, ext._engine.size
-    context = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=ext._rank,
+    engine, size = ext.engine, ext.engine.size
+    context = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=ext.rank,
                                          num_replicas_in_sync=size)
     dataset = dataset_fn(context)
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"{where}: `dataset_fn` must return a tf.data.Dataset, got {type(dataset).__name__}")
     mine = int(dataset.cardinality())
     counts = [mine] if size == 1 else \
-        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), **ext._default_call.kwargs())]
+        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs())]
     steps, agree = _steps(counts)
     return MPIDistributedDataset(dataset, strategy, agree, steps, where, "per-rank")
 
@@ -176,4 +176,4 @@ def distribute_values(strategy: tf.distribute.Strategy, value_fn: Callable[[Any]
     if not callable(value_fn):
         raise TypeError(f"{where}: `value_fn` must be callable, got {type(value_fn).__name__}")
     ext = strategy.extended
-    return value_fn(tf.distribute.experimental.ValueContext(ext._rank, ext._engine.size))
+    return value_fn(tf.distribute.experimental.ValueContext(ext.rank, ext.engine.size))

@@ -77,8 +77,8 @@ class Shared:
 
     def __init__(self, strategy: Any, local_spec: Any, agree: bool, where: str) -> None:
         self.strategy = strategy
-        self.engine = strategy.extended._engine  # pylint: disable=protected-access
-        self.call = strategy.extended._default_call  # pylint: disable=protected-access
+        self.engine = strategy.extended.engine  # pylint: disable=protected-access
+        self.call = strategy.extended.default_call_options  # pylint: disable=protected-access
         self.local_spec = local_spec
         self.agree = agree
         self.element_spec = relax_batch(local_spec) if agree else local_spec
@@ -94,6 +94,11 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
         self._iterator = iterator  # this rank's tf.data iterator
         self._exhausted = False  # eagerly: this rank's data has run out
         self._empty: Any = None  # eagerly: the empty batch, made once
+
+    @property
+    def local_iterator(self) -> Any:
+        """This rank's ``tf.data`` iterator (the composite tensor's one component)."""
+        return self._iterator
 
     def __iter__(self) -> "MPIDistributedIterator":
         return self
@@ -195,7 +200,7 @@ class MPIIteratorSpec(tf.TypeSpec):
         return tf.data.IteratorSpec(self._shared.local_spec)
 
     def _to_components(self, value: MPIDistributedIterator) -> Any:
-        return value._iterator  # pylint: disable=protected-access
+        return value.local_iterator
 
     def _from_components(self, components: Any) -> MPIDistributedIterator:
         return MPIDistributedIterator(self._shared, components)
@@ -204,7 +209,7 @@ class MPIIteratorSpec(tf.TypeSpec):
         return self  # dataset element specs carry no tensor names
 
     def is_subtype_of(self, other: Any) -> bool:
-        return type(other) is type(self) and self._serialize() == other._serialize()
+        return type(other) is type(self) and self == other  # TypeSpec equality: the same _serialize()
 
     def most_specific_common_supertype(self, others: Any) -> Any:
         return self if all(self.is_subtype_of(o) for o in others) else None

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from ..cross_device.options import CommunicationOptions, as_options
 from ..cross_device.reduce_op import ReduceOp, as_reduce_op
+from ..validation import is_integer
 from . import collectives
 from .collectives import CallOptions
 
@@ -35,17 +35,13 @@ def engine_op(op: ReduceOp) -> str:
     return _ENGINE_OP[op]
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def parse_axis(axis: Any, where: str) -> int | tuple[int, ...] | None:
     """None, an int, or a tuple of ints (a list is accepted); anything else is an error."""
     if axis is None:
         return None
-    if _is_int(axis):
+    if is_integer(axis):
         return int(axis)
-    if isinstance(axis, (list, tuple)) and axis and all(_is_int(a) for a in axis):
+    if isinstance(axis, (list, tuple)) and axis and all(is_integer(a) for a in axis):
         return tuple(int(a) for a in axis)
     raise TypeError(f"{where}: `axis` must be an int, a list/tuple of ints, or None, got {axis!r}")
 
@@ -106,7 +102,7 @@ def reduce_tensors(engine: Any, op: ReduceOp, tensors: Sequence[tf.Tensor], axis
 def merge_options(base: CommunicationOptions, override: Any, where: str) -> CallOptions:
     """``override`` (ours or TensorFlow's CommunicationOptions, or None) merged over ``base``."""
     merged = base if override is None else base.merge(as_options(override, where))
-    return CallOptions(merged.bytes_per_pack or None, merged.timeout_seconds, merged.implementation.value.lower())
+    return merged.call_options()
 
 
 def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:

@@ -42,7 +42,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         op = reductions.parse_op(reduce_op, where)
         options = reductions.hints_and_options(options, experimental_hints, where)
         extended = self._strategy.extended
-        call = extended._call_options(options, where)
+        call = extended.call_options(options, where)
         flat = tf.nest.flatten(value)
         if not flat:
             return value
@@ -50,7 +50,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         if sparse and op in (ReduceOp.SUM, ReduceOp.MEAN):
             return tf.nest.pack_sequence_as(value, self._all_reduce_sparse(op, flat, sparse, call, where))
         flat = [tf.convert_to_tensor(v) for v in flat]
-        engine = extended._engine
+        engine = extended.engine
 
         def reduce(*xs: tf.Tensor) -> list[tf.Tensor]:
             return reductions.reduce_tensors(engine, op, xs, None, call, where)
@@ -70,7 +70,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
     def _all_reduce_sparse(self, op: ReduceOp, flat: list[Any], sparse: list[int],
                            call: collectives.CallOptions, where: str) -> list[Any]:
         """Dense leaves in one all-reduce, IndexedSlices in one all-gather of indices and values."""
-        engine = self._strategy.extended._engine
+        engine = self._strategy.extended.engine
         dense = [i for i in range(len(flat)) if i not in set(sparse)]
         out: list[Any] = list(flat)
         if dense:
@@ -93,7 +93,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         where = "MPIReplicaContext.all_gather"
         options = reductions.hints_and_options(options, experimental_hints, where)
         extended = self._strategy.extended
-        call = extended._call_options(options, where)
+        call = extended.call_options(options, where)
         flat = tf.nest.flatten(value)
         for v in flat:
             if isinstance(v, tf.IndexedSlices):
@@ -104,7 +104,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         if parsed is None or isinstance(parsed, tuple):
             raise TypeError(f"{where}: `axis` must be an int, got {axis!r}")
         axes = [reductions.normalize_axis(parsed, t.shape.rank, where) for t in flat]
-        engine = extended._engine
+        engine = extended.engine
 
         def gather(*xs: tf.Tensor) -> list[tf.Tensor]:
             return [collectives.allgather(engine, [x], a, call, where)[0] for x, a in zip(xs, axes)] \
@@ -122,10 +122,10 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
     def _all_gather_grad(self, xs: tuple, dys: tuple, axes: list[int], options: Any) -> list[tf.Tensor]:
         """This rank's slice (along each axis) of the all-summed gradients."""
         summed = self.all_reduce(ReduceOp.SUM, list(dys), options)
-        sizes = self.all_reduce(ReduceOp.SUM, [tf.one_hot(self._strategy.extended._rank, self.num_replicas_in_sync,
+        sizes = self.all_reduce(ReduceOp.SUM, [tf.one_hot(self._strategy.extended.rank, self.num_replicas_in_sync,
                                                           on_value=tf.shape(x, out_type=tf.int64)[a], off_value=0,
                                                           dtype=tf.int64) for x, a in zip(xs, axes)], options)
-        rank = self._strategy.extended._rank
+        rank = self._strategy.extended.rank
         grads = []
         for g, n, x, a in zip(summed, sizes, xs, axes):
             begin = tf.reduce_sum(n[:rank])

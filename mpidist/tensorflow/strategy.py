@@ -86,7 +86,7 @@ class MPIStrategy(tf.distribute.Strategy):
         axis = reductions.parse_axis(axis, where)
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where, "all_reduce(...)")
-        return self.extended._reduce_nest(op, value, axis, options, where)
+        return self.extended.reduce_nest(op, value, axis, options, where)
 
     def experimental_run_v2(self, fn: Any, args: Any = (), kwargs: Any = None, options: Any = None) -> Any:
         """TensorFlow 2.0-2.1's name of ``run``."""
@@ -101,7 +101,7 @@ class MPIStrategy(tf.distribute.Strategy):
         """The cluster resolver given to the constructor, else an ``MPIClusterResolver`` of the
         strategy's communicator (MultiWorkerMirroredStrategy); None for the other kinds, as in
         TensorFlow."""
-        return self.extended._cluster_resolver
+        return self.extended.cluster_resolver
 
     @_no_autograph
     def gather(self, value: Any, axis: Any) -> Any:
@@ -115,13 +115,13 @@ class MPIStrategy(tf.distribute.Strategy):
             raise NotImplementedError(f"{where}: gather does not support IndexedSlices (`value` is a "
                                       f"tf.IndexedSlices; TensorFlow's does not either)")
         ext = self.extended
-        flat = [tf.convert_to_tensor(ext._local_value(v)) for v in tf.nest.flatten(value)]
+        flat = [tf.convert_to_tensor(ext.local_value(v)) for v in tf.nest.flatten(value)]
         axes = [reductions.normalize_axis(parsed, t.shape.rank, where) for t in flat]
-        call = ext._default_call
+        call = ext.default_call_options
         if len(set(axes)) <= 1:
-            out = collectives.allgather(ext._engine, flat, axes[0] if axes else 0, call, where)
+            out = collectives.allgather(ext.engine, flat, axes[0] if axes else 0, call, where)
         else:
-            out = [collectives.allgather(ext._engine, [t], a, call, where)[0] for t, a in zip(flat, axes)]
+            out = [collectives.allgather(ext.engine, [t], a, call, where)[0] for t, a in zip(flat, axes)]
         return tf.nest.pack_sequence_as(value, out)
 
     def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> tf.data.Dataset:
@@ -131,16 +131,16 @@ class MPIStrategy(tf.distribute.Strategy):
 
     def __deepcopy__(self, memo: dict) -> "MPIStrategy":
         ext = self.extended
-        copy = type(self)(self._kind, self._engine_ref, ext._options, ext._device, ext._scope_device,
-                          ext._cluster_resolver)
-        if ext._cross_device_ops is not None:
-            copy.extended.use_cross_device_ops(ext._cross_device_ops)
+        copy = type(self)(self._kind, self._engine_ref, ext.options, ext.device, ext.scope_device,
+                          ext.cluster_resolver)
+        if ext.cross_device_ops is not None:
+            copy.extended.use_cross_device_ops(ext.cross_device_ops)
         memo[id(self)] = copy
         return copy
 
     def __repr__(self) -> str:
-        return (f"<mpidist {self._kind}: replica {self.extended._rank} of {self.num_replicas_in_sync}, "
-                f"device {self.extended._device}>")
+        return (f"<mpidist {self._kind}: replica {self.extended.rank} of {self.num_replicas_in_sync}, "
+                f"device {self.extended.device}>")
 
 
 def _canonical(name: str) -> str:

@@ -44,7 +44,7 @@ def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any
     if not trainable and name == _SAVE_COUNTER and value.dtype.is_integer:
         return value  # tf.train.Checkpoint's counter (0): programs may save on the chief only
     _log.debug("mpidist: broadcasting the initial value of variable %s from rank 0", name)
-    return collectives.broadcast(extended._engine, [value], 0, extended._default_call,
+    return collectives.broadcast(extended.engine, [value], 0, extended.default_call_options,
                                  "variable creation (broadcast of rank 0's initial value)")[0]
 
 
@@ -69,12 +69,12 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
                              f"synchronization=ON_READ needs an `aggregation` (SUM, MEAN or "
                              f"ONLY_FIRST_REPLICA), got {aggregation!r}")
         kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
-        with extended._device_scope():
+        with extended.device_scope():
             variable = next_creator(**kwargs)
-        return _tf_private.make_sync_on_read(extended._container_strategy(), variable, aggregation)
+        return _tf_private.make_sync_on_read(extended.container_strategy(), variable, aggregation)
     kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE  # what TensorFlow reports for AUTO
-    if extended._engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
+    if extended.engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
         kwargs["initial_value"] = _broadcast_initial_value(extended, kwargs)
-    with extended._device_scope():
+    with extended.device_scope():
         variable = next_creator(**kwargs)
-    return _tf_private.make_mirrored(extended._container_strategy(), variable, aggregation)
+    return _tf_private.make_mirrored(extended.container_strategy(), variable, aggregation)

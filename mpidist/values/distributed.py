@@ -17,7 +17,7 @@ from ..cross_device import local_value
 class DistributedValues:
     """Base class of values with one component per replica; here, the one of this rank."""
 
-    _is_distributed_value = True  # recognised by lower layers without importing this module
+    is_distributed_value = True  # recognised by lower layers without importing this module
     __slots__ = ("_value",)
 
     def __init__(self, value: Any) -> None:

@@ -137,7 +137,7 @@ def test_cross_device_ops(comm, ops):
 
 def test_cross_device_ops_validation():
     for cls in (mpidist.NcclAllReduce, mpidist.HierarchicalCopyAllReduce):
-        with pytest.raises(ValueError, match=f"{cls.__name__}: `num_packs` must be >= 0, got -1"):
+        with pytest.raises(ValueError, match=f"{cls.__name__}: `num_packs` must be an integer >= 0, got -1"):
             cls(num_packs=-1)
     with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0, got -5"):
         mpidist.experimental.CommunicationOptions(bytes_per_pack=-5)
