@@ -15,22 +15,10 @@
     train(state)
 
 Launch with ``mpirun --with-ft ulfm --mca mpi_ft_detector true``; see docs/elastic.md. Nothing
-here imports TensorFlow; ``TensorFlowKerasState`` and the Keras callbacks load it when first used.
+here imports TensorFlow. (TensorFlowKerasState and the Keras callbacks of the issue are not built yet.)
 """
 from .run import Recovery, recoveries, run, world_rank
 from .state import ObjectState, State
 from .ulfm import active as ulfm_active, status as ulfm_status
 
-_LAZY = {"TensorFlowKerasState": "keras_state", "CommitStateCallback": "keras_state",
-         "UpdateEpochStateCallback": "keras_state"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'mpidist.elastic' has no attribute {name!r}")
-
-
-__all__ = ["State", "ObjectState", "run", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status",
-           "TensorFlowKerasState", "CommitStateCallback", "UpdateEpochStateCallback"]
+__all__ = ["State", "ObjectState", "run", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status"]
