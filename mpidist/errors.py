@@ -6,7 +6,8 @@ subclass of both (one mechanism, :meth:`MpidistError.__new__`), so TensorFlow pr
 with the ``except`` clause they already have:
 
 - ``CollectiveMismatchError`` is also a ``tf.errors.InvalidArgumentError``;
-- ``DeadlineExceededError`` is also a ``tf.errors.DeadlineExceededError``.
+- ``DeadlineExceededError`` is also a ``tf.errors.DeadlineExceededError``;
+- ``RanksLostError`` is also a ``tf.errors.UnavailableError``.
 
 ``except mpidist.errors.X`` catches it either way.
 """
@@ -75,6 +76,15 @@ class DeadlineExceededError(MpidistError, TimeoutError):
 
 class CommunicatorBrokenError(MpidistError, RuntimeError):
     """A communicator refuses collectives after an earlier one timed out or failed part-way."""
+
+
+class RanksLostError(MpidistError, RuntimeError):
+    """A rank of the communicator died (MPI reported MPI_ERR_PROC_FAILED or MPI_ERR_REVOKED: only
+    under ULFM, ``mpirun --with-ft ulfm``). The engine revoked its communicator, so every surviving
+    rank gets this error from its current or next collective; ``mpidist.elastic.run`` recovers from
+    it. With TensorFlow imported, also a ``tf.errors.UnavailableError``."""
+
+    _tf_error = "UnavailableError"
 
 
 class GpuUnavailableError(MpidistError, RuntimeError):

@@ -2,7 +2,7 @@
 
 Run it the way the job runs (``mpirun -n 4 python -m mpidist info``, ``srun --mpi=pmix python -m
 mpidist info``): MPI library and thread level, the launcher, CUDA-aware MPI, NCCL/CuPy and
-TensorFlow availability (TensorFlow is not imported), settings, and the topology: hosts, nodes and
+TensorFlow availability (TensorFlow is not imported), whether ULFM is active (mpidist.elastic), settings, and the topology: hosts, nodes and
 local ranks of every rank.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from . import __version__
 from ._config import rc
+from .elastic import ulfm
 from .topology import Topology, detect_launcher, mpi_library
 
 
@@ -61,7 +62,8 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "launcher": {"name": launcher.name, "tasks": launcher.tasks, "detail": launcher.detail},
         "world_size": MPI.COMM_WORLD.Get_size(), "num_nodes": topo.num_nodes, "faked_nodes": topo.faked_nodes,
         "tensorflow": _version("tensorflow", "tensorflow-cpu"), "keras": _version("keras"),
-        **_cupy_nccl(), "settings": rc.as_dict(), "ranks": ranks,
+        **_cupy_nccl(), "ulfm": dict(zip(("active", "detail"), ulfm.status())), "settings": rc.as_dict(),
+        "ranks": ranks,
     }
     topo.free()
     return report
@@ -80,6 +82,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"CUDA-aware    {aware} ({mpi['cuda_aware_source']})",
         f"CuPy / NCCL   {report['cupy'] or 'not installed'} / {report['nccl'] or 'not available'}; GPUs visible: {report['gpus']}",
         f"TensorFlow    {report['tensorflow'] or 'not installed'} (Keras {report['keras'] or '-'}; not imported by info)",
+        f"ULFM          {'yes' if report['ulfm']['active'] else 'no'}: {report['ulfm']['detail']} "
+        f"(mpidist.elastic {'survives' if report['ulfm']['active'] else 'cannot survive'} the death of ranks)",
         "settings      " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()),
         f"topology      {report['num_nodes']} node(s){' (faked by MPIDIST_LOCAL_SIZE)' if report['faked_nodes'] else ''}",
         f"  {'rank':>5} {'node':>5} {'local':>6}  {'host':<24} {'pid':>8}  CUDA_VISIBLE_DEVICES",

@@ -80,6 +80,12 @@ class Engine:
         return self.pipeline.topology.size
 
     @property
+    def ranks_lost(self) -> bool:
+        """Whether a collective found a dead rank (ULFM) and revoked this engine's communicator;
+        ``replace_comm`` with the survivors' communicator makes the engine usable again."""
+        return self.pipeline.ranks_lost
+
+    @property
     def broken(self) -> str | None:
         """Why this engine refuses collectives, or None while it is usable."""
         return self.pipeline.broken
@@ -112,7 +118,11 @@ class Engine:
         if plain and pipeline.broken is None:  # a repeat of an earlier plain call: see fastpath.py
             fast = pipeline.fast.lookup(op, value)
             if fast is not None:
-                return fast(value)
+                try:
+                    return fast(value)
+                except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
+                    pipeline.raise_if_lost("allreduce", exc)
+                    raise
         where = "allreduce"
         red = parse_op(op, where)
         result = self._run(where, value, (red.value, None), dict(op=red), self._options(
@@ -163,7 +173,11 @@ class Engine:
         pipeline.check_usable("barrier")
         resolved = self._options("barrier", None, None, None, None, timeout_seconds, options)
         with pipeline.watched("barrier"):
-            pipeline.caller("barrier", resolved.timeout).nonblocking(pipeline.comm, "Barrier")
+            try:
+                pipeline.caller("barrier", resolved.timeout).nonblocking(pipeline.comm, "Barrier")
+            except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
+                pipeline.raise_if_lost("barrier", exc)
+                raise
 
     def close(self) -> None:
         """Free the engine's communicators (collective). The caller's communicator is untouched."""
@@ -189,13 +203,17 @@ class Engine:
     def _run(self, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:
         pipeline = self.pipeline
         monitor = pipeline.monitor
-        if monitor is None:
-            return _collective(pipeline, where, value, op_root, params, options)
-        monitor.enter(where)  # pipeline.watched(where), without a generator on the hot path
         try:
-            return _collective(pipeline, where, value, op_root, params, options)
-        finally:
-            monitor.leave()
+            if monitor is None:
+                return _collective(pipeline, where, value, op_root, params, options)
+            monitor.enter(where)  # pipeline.watched(where), without a generator on the hot path
+            try:
+                return _collective(pipeline, where, value, op_root, params, options)
+            finally:
+                monitor.leave()
+        except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError on every survivor
+            pipeline.raise_if_lost(where, exc)
+            raise
 
 
 def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:

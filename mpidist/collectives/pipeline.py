@@ -28,9 +28,10 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from mpi4py import MPI
 
 from .._config import rc
-from ..errors import CommunicatorBrokenError
+from ..errors import CommunicatorBrokenError, RanksLostError
 from ..topology import Topology
 from . import agreement, nest, packing, stall, timeline
 from .algorithms import choose
@@ -70,6 +71,7 @@ class Pipeline:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.broken: str | None = None  # why collectives are refused, or None while usable
+        self.ranks_lost = False  # a rank died (raise_if_lost): the communicator is revoked
         self.monitor = stall.Monitor(topology.comm) if stall.enabled() else None
         self.fast = FastPaths(self)
         # Other packages' per-communicator state, dropped with the pipeline (the GPU path keeps its
@@ -99,6 +101,30 @@ class Pipeline:
                 f"{where}: this communicator refuses collectives because {self.broken}. "
                 f"Its ranks may be inside different collectives; end the job, or give the engine a fresh "
                 f"communicator (Engine.replace_comm) or build a new strategy/engine on one.")
+
+    def raise_if_lost(self, where: str, exc: Exception) -> None:
+        """Raise RanksLostError if ``exc`` (an MPI.Exception from ``where``) says a rank died.
+
+        ULFM reports a dead peer as MPI_ERR_PROC_FAILED (or _PENDING) to the ranks that talk to it
+        and MPI_ERR_REVOKED to the others once the communicator is revoked; so this revokes the
+        pipeline's communicators first (every survivor then leaves whatever collective it is in,
+        or fails its next one) and refuses later collectives. Other MPI errors: returns.
+        """
+        if not isinstance(exc, MPI.Exception) or exc.Get_error_class() not in _lost_classes():
+            return
+        name = {MPI.ERR_REVOKED: "MPI_ERR_REVOKED"}.get(exc.Get_error_class(), "MPI_ERR_PROC_FAILED")
+        self.ranks_lost = True
+        self.mark_broken(f"a rank of its communicator died ({where} got {name})")
+        topo = self.topology
+        for comm in (topo.comm, topo.local, topo.cross):
+            if comm is not None and comm != MPI.COMM_NULL:
+                try:
+                    comm.Revoke()
+                except MPI.Exception:  # already revoked
+                    pass
+        raise RanksLostError(f"{where}: a rank of the {topo.size}-rank communicator died ({name}); the "
+                             f"communicator is revoked. Recover with mpidist.elastic.run (shrink and go on), "
+                             f"or end the job.") from exc
 
     def mark_broken(self, reason: str) -> None:
         """Refuse every later collective, saying ``reason`` (a missed deadline; close)."""
@@ -203,6 +229,12 @@ class Pipeline:
         self.extensions.clear()
         if free:
             self.topology.free()
+
+
+def _lost_classes() -> tuple[int, ...]:
+    """The MPI error classes that mean a peer died (ULFM); empty where the library lacks them."""
+    return tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+                 if isinstance(getattr(MPI, n, None), int))
 
 
 def structure_of(tree: Any) -> str:

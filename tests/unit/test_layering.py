@@ -19,7 +19,7 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     "input": 6, "tensorflow": 6, "keras": 7, "horovod": 8,
     # the public namespace and the command line (info, bench, soak, timeline)
     "cluster_resolver": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP,
-    "__main__": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
+    "__main__": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
 }
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
 INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework

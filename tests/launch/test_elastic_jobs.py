@@ -1,0 +1,177 @@
+"""Elastic training under ULFM: ranks SIGKILLed mid-loop, the survivors shrink, roll back and finish.
+
+Each job runs under ``mpirun --with-ft ulfm --mca mpi_ft_detector true`` and a timeout (a hang
+fails the test). The checks: the killed ranks die, every survivor prints its result, the results
+are identical, and each training segment (from a (re)start of ``train`` to the next) equals a
+replay of the gradients of the ranks that took part in it, from the state it started from; so the
+final value equals the reference computed from the last committed state with the survivors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launching import JOBS, kill_job, mpirun_command
+
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
+
+
+def _ulfm_unavailable() -> str | None:
+    info = shutil.which("ompi_info")
+    if info is None:
+        return "ompi_info not found: not Open MPI, so no ULFM"
+    out = subprocess.run([info], capture_output=True, text=True).stdout
+    if "FT MPI support: yes" not in out:
+        return "this Open MPI was built without ULFM (ompi_info: FT MPI support is not yes)"
+    from mpi4py import MPI  # noqa: import only to look at the API
+    if not hasattr(MPI.Comm, "Shrink"):
+        return "mpi4py < 4 has no Comm.Shrink"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_ulfm_unavailable() is not None, reason=str(_ulfm_unavailable()))
+
+
+def run_ulfm(n: int, script: str, *args: str, timeout: float = 180, env: dict | None = None):
+    environ = dict(os.environ, **(env or {}))
+    if os.geteuid() == 0:
+        environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = mpirun_command(n) + ULFM_FLAGS + [sys.executable, str(JOBS / script), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
+    start = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpirun, and ranks that ignore SIGTERM
+        out, err = proc.communicate(timeout=30)
+        kill_job(proc, marker=str(JOBS / script))
+        where = "after every survivor printed its result (at job exit)" if "RESULT" in out else "before the results"
+        pytest.fail(f"the ULFM job hung {where}; killed after {timeout} s\n{(out + err)[-4000:]}")
+    return proc.returncode, out + err, time.monotonic() - start
+
+
+def results(output: str) -> list[dict]:
+    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+
+
+def gradient(rank: int, step: int) -> np.ndarray:  # as in jobs/elastic_numpy.py
+    return (rank + 1) * (step + 1) * np.arange(1, 5, dtype=np.float64)
+
+
+def replay(w: list, ranks: list, start: int, stop: int) -> np.ndarray:
+    w = np.array(w)
+    for step in range(start, stop):
+        w = w + sum(gradient(r, step) for r in ranks)
+    return w
+
+
+def check_numpy_job(n: int, steps: int, kills: dict[int, int], env: dict | None = None) -> None:
+    rc, output, _ = run_ulfm(n, "elastic_numpy.py", str(steps), *[f"{r}:{s}" for r, s in kills.items()], env=env)
+    got = results(output)
+    survivors = sorted(set(range(n)) - set(kills))
+    assert sorted(r["rank"] for r in got) == survivors, output
+    for r in kills:
+        assert f"KILLING rank={r} step={kills[r]}" in output, output
+    first = got[0]
+    for r in got:  # every survivor: same final value, same segments, on the survivors' communicator
+        assert r["w"] == first["w"] and r["step"] == steps and r["size"] == len(survivors), output
+        assert [(s["step"], s["w"], s["ranks"]) for s in r["segments"]] == \
+            [(s["step"], s["w"], s["ranks"]) for s in first["segments"]], output
+    segments = first["segments"]
+    assert len(segments) == len(kills) + 1, output  # one recovery per death
+    assert segments[0]["step"] == 0 and segments[0]["ranks"] == list(range(n))
+    dead: set[int] = set()
+    for seg, after in zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}]):
+        dead |= {r for r, s in kills.items() if s <= seg["step"]}
+        assert seg["ranks"] == [r for r in range(n) if r not in dead], output
+        # the next segment starts from a commit the dying rank never reached
+        np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
+    for seg in segments[1:]:  # rolled back to a commit at most one step before the death
+        assert seg["step"] in {s for s in kills.values()} | {s - 1 for s in kills.values()}, segments
+
+
+def test_numpy_loop_survives_a_sigkill_at_3_ranks():
+    check_numpy_job(3, 20, {1: 7})
+
+
+def test_numpy_loop_survives_two_deaths_at_4_ranks_chief_included():
+    check_numpy_job(4, 30, {0: 5, 2: 17})
+
+
+def test_numpy_loop_two_deaths_on_faked_nodes():
+    check_numpy_job(4, 30, {3: 4, 1: 11}, env={"MPIDIST_LOCAL_SIZE": "2"})
+
+
+def test_without_ulfm_elastic_run_says_so_and_a_death_ends_the_job():
+    environ = dict(os.environ)
+    if os.geteuid() == 0:
+        environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = mpirun_command(2) + [sys.executable, str(JOBS / "elastic_numpy.py"), "20", "1:3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill_job(proc, marker=str(JOBS / "elastic_numpy.py"))
+        raise
+    output = out + err
+    assert output.count("ULFM is not active") == 1, output  # once, from the chief
+    assert proc.returncode != 0 and "RESULT" not in output, output
+
+
+@pytest.mark.parametrize("ulfm", [True, False])
+def test_info_says_whether_ulfm_is_active(ulfm):
+    environ = dict(os.environ)
+    if os.geteuid() == 0:
+        environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = mpirun_command(2) + (ULFM_FLAGS if ulfm else []) + [sys.executable, "-m", "mpidist", "info"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=120, errors="replace").stdout
+    line = next(l for l in out.splitlines() if l.startswith("ULFM"))
+    assert line.split()[1] == ("yes:" if ulfm else "no:"), out
+
+
+def tf_batch(rank: int, step: int):  # as in jobs/elastic_tf_loop.py
+    rng = np.random.default_rng(1000 * rank + step)
+    return rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")
+
+
+def tf_replay(weights: list, ranks: list, start: int, stop: int) -> list:
+    """SGD(0.1) on Dense(1) with the MEAN of the ranks' gradients of mean squared error, in float64."""
+    kernel, bias = np.array(weights[0], np.float64), np.array(weights[1], np.float64)
+    for step in range(start, stop):
+        gk, gb = np.zeros_like(kernel), np.zeros_like(bias)
+        for r in ranks:
+            x, y = (a.astype(np.float64) for a in tf_batch(r, step))
+            err = x @ kernel + bias - y
+            gk += 2 * x.T @ err / len(x)
+            gb += 2 * err.sum(axis=0) / len(x)
+        kernel, bias = kernel - 0.1 * gk / len(ranks), bias - 0.1 * gb / len(ranks)
+    return [kernel, bias]
+
+
+def test_tensorflow_custom_loop_survives_a_sigkill_at_3_ranks():
+    pytest.importorskip("tensorflow")
+    n, steps, kills = 3, 12, {1: 5}
+    rc, output, _ = run_ulfm(n, "elastic_tf_loop.py", str(steps), "1:5", timeout=400)
+    got = results(output)
+    assert sorted(r["rank"] for r in got) == [0, 2], output[-3000:]
+    first = got[0]
+    for r in got:
+        assert r["weights"] == first["weights"] and r["step"] == steps and r["size"] == 2
+        assert [(s["step"], s["weights"], s["ranks"]) for s in r["segments"]] == \
+            [(s["step"], s["weights"], s["ranks"]) for s in first["segments"]]
+    segments = first["segments"]
+    assert [s["ranks"] for s in segments] == [[0, 1, 2], [0, 2]] and segments[1]["step"] in (4, 5), segments
+    for seg, after in zip(segments, segments[1:] + [{"step": steps, "weights": first["weights"]}]):
+        want = tf_replay(seg["weights"], seg["ranks"], seg["step"], after["step"])
+        for w, a in zip(want, after["weights"]):
+            np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
