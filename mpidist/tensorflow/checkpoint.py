@@ -148,7 +148,7 @@ def same_on_every_rank(strategy: MPIStrategy, path: Any) -> bool:
     """
     digest = np.frombuffer(hashlib.sha256(os.fspath(path).encode()).digest()[:8], dtype=np.int64)
     low_high = np.concatenate([digest, -digest])
-    found = strategy.engine.allreduce(low_high, "min", **strategy.extended._default_call.kwargs())
+    found = strategy.engine.allreduce(low_high, "min", **strategy.extended.default_call_options.kwargs())
     return bool(found[0] == -found[1])
 
 

@@ -28,7 +28,7 @@ def _ragged(shape: tf.TensorShape) -> tf.TensorShape | None:
     return tf.TensorShape([None] + shape.as_list()[1:])
 
 
-def _raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) -> list[tf.Tensor]:
+def raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) -> list[tf.Tensor]:
     where = "allgather"
     engine = process_set.require_engine(where)
     wired = [wire(t) for t in tensors]
@@ -48,7 +48,7 @@ def _raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) -
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             summed = raw_allreduce(list(dys), Sum, process_set, name + "_grad")
             rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
-            everyone = tf.reshape(_raw_allgather([rows], process_set, name + "_grad_rows")[0],
+            everyone = tf.reshape(raw_allgather([rows], process_set, name + "_grad_rows")[0],
                                   [process_set.size(), len(xs)])
             me = process_set.rank()
             start = tf.reduce_sum(everyone[:me], axis=0)
@@ -63,7 +63,7 @@ def _raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) -
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
-    return _raw_allgather([tensor], process_set, runner.scope_name(name, "HorovodAllgather"))[0]
+    return raw_allgather([tensor], process_set, runner.scope_name(name, "HorovodAllgather"))[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
@@ -72,7 +72,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_na
     tensors = list(tensors)
     if not tensors:
         return []
-    return _raw_allgather(tensors, process_set, runner.scope_name(name, "HorovodGroupedAllgather"))
+    return raw_allgather(tensors, process_set, runner.scope_name(name, "HorovodGroupedAllgather"))
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,

@@ -23,13 +23,13 @@ from .tape import check_reduce_args, reduce_gradients
 class _KerasMixin:
     """The overrides of a Keras 3 optimizer class (see the module docstring)."""
 
-    _hvd_args: dict[str, Any]
-    _hvd_passes: int
-    _hvd_average_aggregated: bool
+    hvd_args: dict[str, Any]
+    hvd_passes: int
+    hvd_average_aggregated: bool
 
     def build(self, variables: Any) -> None:
         super().build(variables)  # type: ignore[misc]
-        if self._hvd_passes > 1:
+        if self.hvd_passes > 1:
             self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")  # type: ignore[attr-defined]
                              for v in variables]
             self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",  # type: ignore[attr-defined]
@@ -38,8 +38,8 @@ class _KerasMixin:
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        if self._hvd_passes == 1:
-            return super().apply(reduce_gradients(grads, variables, **self._hvd_args), variables)  # type: ignore[misc]
+        if self.hvd_passes == 1:
+            return super().apply(reduce_gradients(grads, variables, **self.hvd_args), variables)  # type: ignore[misc]
         if not self.built:  # type: ignore[attr-defined]
             self.build(variables)
             self.built = True
@@ -51,13 +51,13 @@ class _KerasMixin:
             if g is not None:
                 acc.assign_add(tf.convert_to_tensor(g))
         self._hvd_counter.assign_add(1)
-        passes = self._hvd_passes
+        passes = self.hvd_passes
 
         def update() -> tf.Tensor:
             summed = [None if g is None else tf.identity(acc) for g, acc in zip(grads, accs)]
-            if self._hvd_average_aggregated:
+            if self.hvd_average_aggregated:
                 summed = [None if s is None else s / tf.cast(passes, s.dtype) for s in summed]
-            reduced = reduce_gradients(summed, variables, **self._hvd_args)
+            reduced = reduce_gradients(summed, variables, **self.hvd_args)
             super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]
             for acc in accs:
                 acc.assign(tf.zeros_like(acc))
@@ -84,11 +84,11 @@ def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dens
     if name is not None:
         config["name"] = name
     new = cls.from_config(config)
-    new._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+    new.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
                          groups=groups, process_set=process_set, name="DistributedOptimizer")
-    new._hvd_passes = backward_passes_per_step
-    new._hvd_average_aggregated = average_aggregated_gradients
+    new.hvd_passes = backward_passes_per_step
+    new.hvd_average_aggregated = average_aggregated_gradients
     return new
 
 
@@ -97,11 +97,11 @@ def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as
                   process_set: ProcessSet = global_process_set) -> Any:
     """Make a built Keras 3 optimizer allreduce its gradients, keeping its state (hvd.load_model)."""
     optimizer.__class__ = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
-    optimizer._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+    optimizer.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor, num_groups=0,
                                groups=None, process_set=process_set, name="DistributedOptimizer")
-    optimizer._hvd_passes = 1
-    optimizer._hvd_average_aggregated = False
+    optimizer.hvd_passes = 1
+    optimizer.hvd_average_aggregated = False
     return optimizer
 
 
@@ -112,7 +112,7 @@ class _V1Mixin:
         pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
-        return list(zip(reduce_gradients(grads, variables, **self._hvd_args), variables))  # type: ignore[attr-defined]
+        return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))  # type: ignore[attr-defined]
 
 
 def is_keras_optimizer(optimizer: Any) -> bool:
@@ -143,7 +143,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
         new = cls.__new__(cls)
         new.__dict__.update(optimizer.__dict__)
-        new._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+        new.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                              gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
                              groups=groups, process_set=process_set, name="DistributedOptimizer")
         return new

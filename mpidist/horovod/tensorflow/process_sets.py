@@ -36,7 +36,7 @@ class ProcessSet:
                 raise ValueError(f"ProcessSet: `ranks_or_comm` lists a rank twice: {ranks}")
             self.ranks = ranks
 
-    def _resolve(self, base: MPI.Intracomm) -> list[int]:
+    def resolve(self, base: MPI.Intracomm) -> list[int]:
         """The set's ranks; from a sub-communicator every rank says whether it is in it (collective)."""
         if self._comm is not None and self.ranks is None:
             flags = base.allgather(self._comm != MPI.COMM_NULL)
@@ -44,10 +44,10 @@ class ProcessSet:
         assert self.ranks is not None
         return self.ranks
 
-    def _build(self, base: MPI.Intracomm, set_id: int) -> None:
+    def build(self, base: MPI.Intracomm, set_id: int) -> None:
         """Collective over ``base``: split off this set's ranks and build their engine."""
         me = base.Get_rank()
-        self._resolve(base)
+        self.resolve(base)
         assert self.ranks is not None
         bad = [r for r in self.ranks if not 0 <= r < base.Get_size()]
         if bad:
@@ -59,7 +59,7 @@ class ProcessSet:
             self.engine = Engine(sub)
             sub.Free()  # the engine holds its own clone
 
-    def _free(self) -> None:
+    def free(self) -> None:
         if self.engine is not None:
             self.engine.close()
         self.engine = None
@@ -125,13 +125,13 @@ def add_process_set(process_set: Any) -> ProcessSet:
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"add_process_set: {process_set} is registered already")
-    ranks = process_set._resolve(base)
+    ranks = process_set.resolve(base)
     for other in _sets.values():
         if other.ranks == ranks:
             raise ValueError(f"add_process_set: a process set with ranks {other.ranks} exists already "
                              f"(id {other.process_set_id})")
     new_id = max(_sets) + 1
-    process_set._build(base, new_id)
+    process_set.build(base, new_id)
     _sets[new_id] = process_set
     _log.debug("horovod: process set %d = ranks %s", new_id, process_set.ranks)
     return process_set
@@ -144,7 +144,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if process_set.process_set_id not in _sets or _sets[process_set.process_set_id] is not process_set:
         return False
     del _sets[process_set.process_set_id]
-    process_set._free()
+    process_set.free()
     return True
 
 
@@ -156,6 +156,6 @@ def clear() -> None:
     """Close every registered set's engine (shutdown)."""
     for ps in list(_sets.values()):
         if ps is not global_process_set:
-            ps._free()
+            ps.free()
     global_process_set.engine = None
     _sets.clear()

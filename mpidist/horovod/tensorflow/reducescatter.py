@@ -16,7 +16,7 @@ from . import runner
 from .allreduce import scale
 from .raw import wire
 from .compression import Compression
-from .gather import _raw_allgather
+from .gather import raw_allgather
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Average, Sum, engine_op, name_of
 
@@ -52,7 +52,7 @@ def _raw(tensors: Sequence[tf.Tensor], op: int, process_set: ProcessSet, name: s
         outs = runner.execute(name, run, xs, [x.dtype for x in xs], [shape(x.shape) for x in xs], where)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            full = _raw_allgather(list(dys), process_set, name + "_grad")
+            full = raw_allgather(list(dys), process_set, name + "_grad")
             if op == Average:
                 full = [f / tf.cast(engine.size, f.dtype) for f in full]
             return full

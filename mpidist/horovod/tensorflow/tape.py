@@ -79,8 +79,8 @@ class _DistributedTapeMixin:
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)  # type: ignore[misc]
         flat_sources = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        skip = [i for i, v in enumerate(flat_sources) if id(v) in self._hvd_local]  # type: ignore[attr-defined]
-        reduced = reduce_gradients(flat, flat_sources, skip=skip, **self._hvd_args)  # type: ignore[attr-defined]
+        skip = [i for i, v in enumerate(flat_sources) if id(v) in self.hvd_local]  # type: ignore[attr-defined]
+        reduced = reduce_gradients(flat, flat_sources, skip=skip, **self.hvd_args)  # type: ignore[attr-defined]
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
@@ -95,10 +95,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     cls = type(gradtape.__class__.__name__, (_DistributedTapeMixin, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recording: tapes keep their state in attributes
-    tape._hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+    tape.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                           gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
                           groups=groups, process_set=process_set)
-    tape._hvd_local = set()
+    tape.hvd_local = set()
     return tape
 
 
@@ -112,5 +112,5 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    gradient_predivide_factor, num_groups, groups, process_set)
     layers = [] if local_layers is None else (local_layers if isinstance(local_layers, (list, tuple))
                                              else [local_layers])
-    tape._hvd_local = {id(v) for layer in layers for v in layer.trainable_weights}
+    tape.hvd_local = {id(v) for layer in layers for v in layer.trainable_weights}
     return tape
