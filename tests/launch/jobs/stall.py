@@ -6,6 +6,7 @@ import sys
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 timeout = float(sys.argv[1])
 use_tf = "tf" in sys.argv[2:]
@@ -19,7 +20,11 @@ if not use_tf:
     Expected = DeadlineExceededError
 engine = mpidist.Engine()
 engine.allreduce(np.ones(4))  # everyone is here once
-if engine.rank == engine.size - 1:
+stalled = engine.rank == engine.size - 1
+# the ranks that wait: they meet here before exiting, so the first to reach its exit hook (which
+# aborts the job) cannot kill another before that one has printed what the test reads
+waiters = MPI.COMM_WORLD.Split(MPI.UNDEFINED if stalled else 0, engine.rank)
+if stalled:
     time.sleep(300)  # stalled: never arrives
     sys.exit(0)
 start = time.monotonic()
@@ -33,3 +38,4 @@ try:
 except CommunicatorBrokenError as err:
     print(f"rank {engine.rank}: BROKEN {err}", flush=True)
 print(f"rank {engine.rank}: exiting normally", flush=True)
+waiters.Barrier()
