@@ -85,6 +85,13 @@ def test_tape_argument_errors():
         hvd.DistributedGradientTape(tape, op=hvd.Adasum)
 
 
+@pytest.fixture(autouse=True)
+def forget_global_seed():
+    """make_model sets a global seed; later test files must not inherit it."""
+    yield
+    tf.random.set_seed(None)
+
+
 def make_model():
     keras.utils.set_random_seed(1234)
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])

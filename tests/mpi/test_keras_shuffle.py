@@ -14,6 +14,14 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(autouse=True)
+def no_global_seed():
+    """These tests are about programs that set no global seed; another test file may have set one
+    (keras.utils.set_random_seed), after which TensorFlow's own seeds agree and mpidist stays out."""
+    tf.random.set_seed(None)
+    yield
 ROWS, GLOBAL_BATCH, EPOCHS = 70, 16, 3  # a short last batch of 6
 
 
