@@ -25,7 +25,10 @@ def __getattr__(name: str):
     if name == "TensorFlowKerasState":  # imports TensorFlow
         from .keras_state import TensorFlowKerasState
         return TensorFlowKerasState
+    if name in ("CommitStateCallback", "UpdateEpochStateCallback"):  # import Keras
+        from . import keras_callbacks
+        return getattr(keras_callbacks, name)
     raise AttributeError(f"module 'mpidist.elastic' has no attribute {name!r}")
 
 
-__all__ = ["TensorFlowKerasState", "State", "ObjectState", "run", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status"]
+__all__ = ["TensorFlowKerasState", "CommitStateCallback", "UpdateEpochStateCallback", "State", "ObjectState", "run", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status"]

@@ -44,7 +44,7 @@ class Recovery:
 
     def __repr__(self) -> str:
         return (f"Recovery({self.old_size} -> {self.new_size} ranks in {self.seconds:.3f} s, "
-                f"resumed at step={self.step!r})")
+                f"resumed at {self.step!r})")
 
 
 _recoveries: list[Recovery] = []
@@ -131,13 +131,22 @@ def _recover(state: State, seen: float, error: BaseException | None) -> None:
     state.restore()
     state.sync()
     state.on_reset()
-    record = Recovery(old_size, engines[0].size, time.monotonic() - seen, seen, getattr(state, "step", None))
+    record = Recovery(old_size, engines[0].size, time.monotonic() - seen, seen, _position(state))
     _recoveries.append(record)
     if engines[0].rank == 0:
         _log.warning("mpidist.elastic.run: %d of %d ranks lost (%s); continuing on %d ranks from the last "
-                     "commit (step=%r), %.3f s after the failure was seen", old_size - record.new_size, old_size,
+                     "commit (%r), %.3f s after the failure was seen", old_size - record.new_size, old_size,
                      type(error).__name__ if error is not None else "seen at the end", record.new_size,
                      record.step, record.seconds)
+
+
+def _position(state: State) -> Any:
+    """Where training resumes: ``state.step``, else ``{"epoch": .., "batch": ..}`` (Keras), else None."""
+    if hasattr(state, "step"):
+        return state.step
+    if hasattr(state, "epoch"):
+        return {"epoch": state.epoch, "batch": getattr(state, "batch", None)}
+    return None
 
 
 def world_rank() -> int:

@@ -175,3 +175,40 @@ def test_tensorflow_custom_loop_survives_a_sigkill_at_3_ranks():
         want = tf_replay(seg["weights"], seg["ranks"], seg["step"], after["step"])
         for w, a in zip(want, after["weights"]):
             np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
+
+
+def keras_fit_reference(epochs: int) -> list:
+    """As jobs/elastic_keras_fit.py without a death: SGD(0.05) on Dense(1) (zeros), mean squared error
+    over each global batch of 12 rows (the mean over replicas of their equal shares' means), float64."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 3)).astype("float32").astype(np.float64)
+    y = (x.astype("float32") @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.3).astype("float32").astype(np.float64)
+    kernel, bias = np.zeros((3, 1)), np.zeros(1)
+    for _ in range(epochs):
+        for b in range(4):
+            xb, yb = x[12 * b:12 * b + 12], y[12 * b:12 * b + 12]
+            err = xb @ kernel + bias - yb
+            kernel, bias = kernel - 0.05 * 2 * xb.T @ err / 12, bias - 0.05 * 2 * err.sum(axis=0) / 12
+    return [kernel, bias]
+
+
+def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks():
+    pytest.importorskip("tensorflow")
+    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", "1:1:2", timeout=400)
+    got = results(output)
+    assert "KILLING rank=1 epoch=1 batch=2" in output, output[-3000:]
+    assert sorted(r["rank"] for r in got) == [0, 2], output[-3000:]
+    first = got[0]
+    for r in got:  # identical on every survivor, on the 2-rank communicator, training finished
+        assert r["weights"] == first["weights"] and r["size"] == 2 and (r["epoch"], r["batch"]) == (3, 0), output
+        assert r["starts"] == first["starts"], output
+    starts = first["starts"]
+    assert [s["size"] for s in starts] == [3, 2], starts
+    # resumed at the lowest survivor's (rank 0's) last commit, in the epoch of the death, at its
+    # batch or the one before (a survivor may not have committed the batch the death cut short)
+    assert (starts[1]["epoch"], starts[1]["batch"]) == tuple(starts[1]["last_seen"]), starts
+    assert starts[1]["epoch"] == 1 and starts[1]["batch"] in (1, 2), starts
+    # rolled back weights and position together: the same updates as an uninterrupted run
+    for w, a in zip(keras_fit_reference(3), first["weights"]):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
