@@ -212,3 +212,57 @@ def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3
     for w, a in zip(keras_fit_reference(3), first["weights"]):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
+
+
+def _environ() -> dict:
+    environ = dict(os.environ)
+    if os.geteuid() == 0:
+        environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return environ
+
+
+def test_sigusr1_to_every_rank_writes_the_last_commit_exits_0_and_a_relaunch_resumes(tmp_path):
+    import queue
+    import threading
+    n, path = 3, str(tmp_path / "preempted.pkl")
+    script = str(JOBS / "elastic_preempt.py")
+    proc = subprocess.Popen(mpirun_command(n) + [sys.executable, script, path, str(10 ** 9)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_environ(), start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    seen, pids, deadline = [], {}, time.monotonic() + 240
+    try:
+        while len(pids) < n:  # every rank has installed its handler and committed
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            if line.startswith("READY "):
+                rank, pid = line.split()[1:3]
+                pids[int(rank)] = int(pid)
+        for pid in pids.values():  # as Slurm's --signal (or mpirun forwarding it) does
+            os.kill(pid, signal.SIGUSR1)
+        rc = proc.wait(timeout=120)
+    except (queue.Empty, subprocess.TimeoutExpired):
+        kill_job(proc, marker=script)
+        pytest.fail("the preempted job did not exit\n" + "".join(seen)[-3000:])
+    while (line := lines.get(timeout=30)) is not None:
+        seen.append(line)
+    output = "".join(seen)
+    assert rc == 0 and "RESULT" not in output, output  # a clean exit, before the end of training
+    exits = sorted(int(l.split("step=")[1]) for l in output.splitlines() if l.startswith("EXIT "))
+    assert len(exits) == n and len(set(exits)) == 1 and exits[0] >= 1, output  # all at the same commit
+    from mpidist.elastic import read_checkpoint
+    snapshot = read_checkpoint(path)
+    stopped = snapshot["step"]
+    assert stopped == exits[0], (snapshot, output)
+    np.testing.assert_array_equal(snapshot["w"], replay(np.zeros(4), list(range(n)), 0, stopped))
+    # the requeued job: resumes from the file and finishes
+    steps = stopped + 4
+    cmd = mpirun_command(n) + [sys.executable, script, path, str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_environ(), timeout=240)
+    got = results(out.stdout)
+    assert out.returncode == 0 and sorted(r["rank"] for r in got) == list(range(n)), out.stdout + out.stderr
+    for r in got:
+        assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
+        assert r["step"] == steps
+        np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, steps))

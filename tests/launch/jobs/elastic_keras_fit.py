@@ -69,3 +69,4 @@ train(state)
 print("RESULT " + json.dumps({"rank": me, "epoch": state.epoch, "batch": state.batch, "starts": starts,
                               "weights": [w.tolist() for w in model.get_weights()],
                               "size": strategy.num_replicas_in_sync}), flush=True)
+elastic.shutdown()  # skips MPI_Finalize after a recovery (see its docstring)
