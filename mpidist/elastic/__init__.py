@@ -27,8 +27,8 @@ def __getattr__(name: str):
         from .keras_state import TensorFlowKerasState
         return TensorFlowKerasState
     if name in ("CommitStateCallback", "UpdateEpochStateCallback"):  # import Keras
-        from . import keras_callbacks
-        return getattr(keras_callbacks, name)
+        from .keras_callbacks import classes
+        return classes()[name]
     raise AttributeError(f"module 'mpidist.elastic' has no attribute {name!r}")
 
 
