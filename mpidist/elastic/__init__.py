@@ -13,6 +13,7 @@
             state.commit()
 
     train(state)
+    mpidist.elastic.shutdown()   # after a recovery: skips MPI_Finalize, whose fence can hang
 
 Launch with ``mpirun --with-ft ulfm --mca mpi_ft_detector true``; see docs/elastic.md. Nothing
 here imports TensorFlow; TensorFlowKerasState (mpidist.elastic.keras_state) loads it when first used.
