@@ -59,7 +59,8 @@ class State:
         return {n: copy.deepcopy(v) for n, v in vars(self).items() if _public(n) and n != "commits"}
 
     def commit(self) -> None:
-        """Keep the current state in memory as the point to roll back to (local, no communication)."""
+        """Keep the current state in memory as the point to roll back to (local, no communication,
+        except what a commit hook such as ``on_preemption``'s does)."""
         object.__setattr__(self, "_committed", self.save())
         object.__setattr__(self, "commits", self.commits + 1)
         for hook in list(self._commit_hooks):
