@@ -5,6 +5,8 @@ fails the test). The checks: the killed ranks die, every survivor prints its res
 are identical, and each training segment (from a (re)start of ``train`` to the next) equals a
 replay of the gradients of the ranks that took part in it, from the state it started from; so the
 final value equals the reference computed from the last committed state with the survivors.
+The jobs end with ``mpidist.elastic.shutdown()``: without it the survivors sometimes hung inside
+``MPI_Finalize`` (Open MPI's fence over the dead ranks) after printing their results.
 """
 from __future__ import annotations
 
