@@ -37,6 +37,14 @@ class TensorFlowKerasState(State):
         return {"attributes": self.attributes(), "weights": [w.copy() for w in self._model.get_weights()],
                 "optimizer": optimizer}
 
+    def on_reset(self) -> None:
+        """After a recovery: drop the model's compiled train/test/predict functions (traced for the old
+        replica count; the next ``fit`` builds new ones), then call the reset callbacks."""
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(self._model, name, None) is not None:
+                setattr(self._model, name, None)
+        super().on_reset()
+
     def load(self, snapshot: Any) -> None:
         State.load(self, snapshot["attributes"])
         self._model.set_weights(copy.deepcopy(snapshot["weights"]))

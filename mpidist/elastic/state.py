@@ -27,6 +27,7 @@ class State:
         object.__setattr__(self, "_strategy", strategy)
         object.__setattr__(self, "_committed", None)
         object.__setattr__(self, "_reset_callbacks", [])
+        object.__setattr__(self, "_commit_hooks", [])
         object.__setattr__(self, "commits", 0)
         for name, value in kwargs.items():
             setattr(self, name, value)
@@ -58,9 +59,20 @@ class State:
         return {n: copy.deepcopy(v) for n, v in vars(self).items() if _public(n) and n != "commits"}
 
     def commit(self) -> None:
-        """Keep the current state in memory as the point to roll back to (local, no communication)."""
+        """Keep the current state in memory as the point to roll back to (local, no communication,
+        except what a commit hook such as ``on_preemption``'s does)."""
         object.__setattr__(self, "_committed", self.save())
         object.__setattr__(self, "commits", self.commits + 1)
+        for hook in list(self._commit_hooks):
+            hook(self)
+
+    def committed(self) -> Any:
+        """The last commit (what :meth:`save` returned then), or None before the first one."""
+        return self._committed
+
+    def add_commit_hook(self, hook: Callable[["State"], None]) -> None:
+        """``hook(state)`` runs after each commit (``on_preemption`` uses it; it may communicate)."""
+        self._commit_hooks.append(hook)
 
     def restore(self) -> None:
         """Go back to the last commit (nothing happens before the first one)."""

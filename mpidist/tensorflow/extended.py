@@ -36,7 +36,6 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         super().__init__(container_strategy)
         self._cluster_resolver = cluster_resolver  # what Strategy.cluster_resolver returns
         self._engine = engine
-        self._rank: int = engine.rank
         self._options = options
         self._default_call = options.call_options()
         self._device = device
@@ -65,6 +64,11 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     def rank(self) -> int:
         """This process's replica id (its rank in the strategy's communicator)."""
         return self._rank
+
+    @property
+    def _rank(self) -> int:
+        # read from the engine each time: an elastic recovery (Engine.replace_comm) changes it
+        return self._engine.rank
 
     @property
     def options(self) -> CommunicationOptions:

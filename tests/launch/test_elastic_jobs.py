@@ -5,6 +5,8 @@ fails the test). The checks: the killed ranks die, every survivor prints its res
 are identical, and each training segment (from a (re)start of ``train`` to the next) equals a
 replay of the gradients of the ranks that took part in it, from the state it started from; so the
 final value equals the reference computed from the last committed state with the survivors.
+The jobs end with ``mpidist.elastic.shutdown()``: without it the survivors sometimes hung inside
+``MPI_Finalize`` (Open MPI's fence over the dead ranks) after printing their results.
 """
 from __future__ import annotations
 
@@ -175,3 +177,94 @@ def test_tensorflow_custom_loop_survives_a_sigkill_at_3_ranks():
         want = tf_replay(seg["weights"], seg["ranks"], seg["step"], after["step"])
         for w, a in zip(want, after["weights"]):
             np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
+
+
+def keras_fit_reference(epochs: int) -> list:
+    """As jobs/elastic_keras_fit.py without a death: SGD(0.05) on Dense(1) (zeros), mean squared error
+    over each global batch of 12 rows (the mean over replicas of their equal shares' means), float64."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 3)).astype("float32").astype(np.float64)
+    y = (x.astype("float32") @ np.array([[1.0], [-2.0], [0.5]], "float32") + 0.3).astype("float32").astype(np.float64)
+    kernel, bias = np.zeros((3, 1)), np.zeros(1)
+    for _ in range(epochs):
+        for b in range(4):
+            xb, yb = x[12 * b:12 * b + 12], y[12 * b:12 * b + 12]
+            err = xb @ kernel + bias - yb
+            kernel, bias = kernel - 0.05 * 2 * xb.T @ err / 12, bias - 0.05 * 2 * err.sum(axis=0) / 12
+    return [kernel, bias]
+
+
+def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks():
+    pytest.importorskip("tensorflow")
+    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", "1:1:2", timeout=400)
+    got = results(output)
+    assert "KILLING rank=1 epoch=1 batch=2" in output, output[-3000:]
+    assert sorted(r["rank"] for r in got) == [0, 2], output[-3000:]
+    first = got[0]
+    for r in got:  # identical on every survivor, on the 2-rank communicator, training finished
+        assert r["weights"] == first["weights"] and r["size"] == 2 and (r["epoch"], r["batch"]) == (3, 0), output
+        assert r["starts"] == first["starts"], output
+    starts = first["starts"]
+    assert [s["size"] for s in starts] == [3, 2], starts
+    # resumed at the lowest survivor's (rank 0's) last commit, in the epoch of the death, at its
+    # batch or the one before (a survivor may not have committed the batch the death cut short)
+    assert (starts[1]["epoch"], starts[1]["batch"]) == tuple(starts[1]["last_seen"]), starts
+    assert starts[1]["epoch"] == 1 and starts[1]["batch"] in (1, 2), starts
+    # rolled back weights and position together: the same updates as an uninterrupted run
+    for w, a in zip(keras_fit_reference(3), first["weights"]):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(np.array(a), w, rtol=1e-4, atol=1e-5)
+
+
+def _environ() -> dict:
+    environ = dict(os.environ)
+    if os.geteuid() == 0:
+        environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return environ
+
+
+def test_sigusr1_to_every_rank_writes_the_last_commit_exits_0_and_a_relaunch_resumes(tmp_path):
+    import queue
+    import threading
+    n, path = 3, str(tmp_path / "preempted.pkl")
+    script = str(JOBS / "elastic_preempt.py")
+    proc = subprocess.Popen(mpirun_command(n) + [sys.executable, script, path, str(10 ** 9)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_environ(), start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    seen, pids, deadline = [], {}, time.monotonic() + 240
+    try:
+        while len(pids) < n:  # every rank has installed its handler and committed
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            if line.startswith("READY "):
+                rank, pid = line.split()[1:3]
+                pids[int(rank)] = int(pid)
+        for pid in pids.values():  # as Slurm's --signal (or mpirun forwarding it) does
+            os.kill(pid, signal.SIGUSR1)
+        rc = proc.wait(timeout=120)
+    except (queue.Empty, subprocess.TimeoutExpired):
+        kill_job(proc, marker=script)
+        pytest.fail("the preempted job did not exit\n" + "".join(seen)[-3000:])
+    while (line := lines.get(timeout=30)) is not None:
+        seen.append(line)
+    output = "".join(seen)
+    assert rc == 0 and "RESULT" not in output, output  # a clean exit, before the end of training
+    exits = sorted(int(l.split("step=")[1]) for l in output.splitlines() if l.startswith("EXIT "))
+    assert len(exits) == n and len(set(exits)) == 1 and exits[0] >= 1, output  # all at the same commit
+    from mpidist.elastic import read_checkpoint
+    snapshot = read_checkpoint(path)
+    stopped = snapshot["step"]
+    assert stopped == exits[0], (snapshot, output)
+    np.testing.assert_array_equal(snapshot["w"], replay(np.zeros(4), list(range(n)), 0, stopped))
+    # the requeued job: resumes from the file and finishes
+    steps = stopped + 4
+    cmd = mpirun_command(n) + [sys.executable, script, path, str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_environ(), timeout=240)
+    got = results(out.stdout)
+    assert out.returncode == 0 and sorted(r["rank"] for r in got) == list(range(n)), out.stdout + out.stderr
+    for r in got:
+        assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
+        assert r["step"] == steps
+        np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, steps))

@@ -59,3 +59,47 @@ def test_errors_name_the_argument(strategy):
 
 def _train(state):
     return state
+
+
+@pytest.fixture
+def usr1_restored():
+    import signal
+    old = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGUSR1, old[0])
+    signal.signal(signal.SIGTERM, old[1])
+
+
+def test_preemption_writes_the_commit_exits_0_and_resumes(strategy, tmp_path, usr1_restored):
+    import os
+    import signal
+    path = str(tmp_path / "ckpt.pkl")
+    state = mpidist.elastic.ObjectState(strategy, step=0, w=np.zeros(2))
+    preemption = mpidist.elastic.on_preemption(state, path)
+    assert not preemption.resumed
+    state.step, state.w = 1, np.ones(2)
+    state.commit()  # no signal: goes on, no file
+    assert not os.path.exists(path)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    state.step, state.w = 2, np.full(2, 2.0)
+    with pytest.raises(SystemExit) as exc:
+        state.commit()
+    assert exc.value.code == 0
+    snapshot = mpidist.elastic.read_checkpoint(path)
+    assert snapshot["step"] == 2
+    np.testing.assert_array_equal(snapshot["w"], [2.0, 2.0])
+    again = mpidist.elastic.ObjectState(strategy, step=0, w=np.zeros(2))
+    assert mpidist.elastic.on_preemption(again, path).resumed and again.step == 2
+    again.step = 5
+    again.restore()  # the loaded checkpoint is the commit
+    assert again.step == 2
+
+
+def test_preemption_rejects_other_files_and_states(strategy, tmp_path, usr1_restored):
+    bad = tmp_path / "other.pkl"
+    import pickle
+    bad.write_bytes(pickle.dumps({"step": 1}))
+    with pytest.raises(ValueError, match="read_checkpoint: `path`"):
+        mpidist.elastic.read_checkpoint(str(bad))
+    with pytest.raises(TypeError, match="on_preemption: `state`"):
+        mpidist.elastic.on_preemption(object(), str(bad))

@@ -51,3 +51,4 @@ train(state)
 print("RESULT " + json.dumps({"rank": me, "w": state.w.tolist(), "step": state.step, "segments": segments,
                               "recoveries": [r.seconds for r in mpidist.elastic.recoveries()],
                               "size": strategy.num_replicas_in_sync}), flush=True)
+mpidist.elastic.shutdown()  # skips MPI_Finalize after a recovery (see its docstring)

@@ -65,3 +65,4 @@ def train(state):
 train(state)
 print("RESULT " + json.dumps({"rank": me, "step": state.step, "weights": [w.tolist() for w in model.get_weights()],
                               "segments": segments, "size": strategy.num_replicas_in_sync}), flush=True)
+mpidist.elastic.shutdown()  # skips MPI_Finalize after a recovery (see its docstring)

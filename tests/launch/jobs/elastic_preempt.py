@@ -1,0 +1,48 @@
+"""Preemption: ``mpidist.elastic.on_preemption(state, PATH)``; a SIGUSR1 to every rank makes the chief
+write the last commit to PATH and the job exit 0; a relaunch resumes from it.
+
+Usage: elastic_preempt.py PATH STEPS. Gradients as in elastic_numpy.py. Every rank prints
+``READY rank pid`` after its first commit, ``EXIT step=..`` when it leaves (preempted or not), and
+``RESULT {json}`` when training finishes.
+"""
+import json
+import logging
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mpidist
+
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+path, steps = sys.argv[1], int(sys.argv[2])
+me = MPI.COMM_WORLD.Get_rank()
+
+
+def gradient(rank: int, step: int) -> np.ndarray:
+    return (rank + 1) * (step + 1) * np.arange(1, 5, dtype=np.float64)
+
+
+strategy = mpidist.MultiWorkerMirroredStrategy()
+state = mpidist.elastic.ObjectState(strategy, step=0, w=np.zeros(4))
+preemption = mpidist.elastic.on_preemption(state, path)
+start = {"step": state.step, "w": state.w.tolist(), "resumed": preemption.resumed}
+
+
+@mpidist.elastic.run
+def train(state):
+    while state.step < steps:
+        state.w = state.w + strategy.reduce("SUM", gradient(me, state.step))
+        state.step += 1
+        state.commit()
+        if state.commits == 2:
+            import os
+            print(f"READY {me} {os.getpid()}", flush=True)
+
+
+try:
+    train(state)
+finally:
+    print(f"EXIT rank={me} step={state.step}", flush=True)
+print("RESULT " + json.dumps({"rank": me, "w": state.w.tolist(), "step": state.step, "start": start,
+                              "size": strategy.num_replicas_in_sync}), flush=True)
