@@ -152,10 +152,6 @@ def same_on_every_rank(strategy: MPIStrategy, path: Any) -> bool:
     return bool(found[0] == -found[1])
 
 
-def _save(strategy: MPIStrategy, checkpoint: Any, write_on_chief: Any, on_others: Any, where: str) -> str:
-    return on_chief(strategy, write_on_chief, where, on_others=on_others)
-
-
 def save(checkpoint: tf.train.Checkpoint, file_prefix: str, *, strategy: Any = None, options: Any = None) -> str:
     """Collective ``checkpoint.save(file_prefix)``: rank 0 writes; returns the path on every rank."""
     where = "mpidist.tensorflow.checkpoint.save"
@@ -163,15 +159,15 @@ def save(checkpoint: tf.train.Checkpoint, file_prefix: str, *, strategy: Any = N
     if not hasattr(checkpoint, "save_counter"):
         raise TypeError(f"{where}: `checkpoint` must be a tf.train.Checkpoint, got {type(checkpoint).__name__}")
     counter = checkpoint.save_counter  # created on every rank
-    return _save(strategy, checkpoint, lambda: checkpoint.save(file_prefix, options=options),
-                 lambda: counter.assign_add(1), where)
+    return on_chief(strategy, lambda: checkpoint.save(file_prefix, options=options), where,
+                    on_others=lambda: counter.assign_add(1))
 
 
 def write(checkpoint: tf.train.Checkpoint, file_path: str, *, strategy: Any = None, options: Any = None) -> str:
     """Collective ``checkpoint.write(file_path)`` (no save counter): rank 0 writes."""
     where = "mpidist.tensorflow.checkpoint.write"
     strategy = _strategy(strategy, where)
-    return _save(strategy, checkpoint, lambda: checkpoint.write(file_path, options=options), lambda: None, where)
+    return on_chief(strategy, lambda: checkpoint.write(file_path, options=options), where)
 
 
 def save_manager(manager: tf.train.CheckpointManager, checkpoint_number: Any = None, *,
@@ -185,8 +181,7 @@ def save_manager(manager: tf.train.CheckpointManager, checkpoint_number: Any = N
     if not isinstance(manager, tf.train.CheckpointManager):
         raise TypeError(f"{where}: `manager` must be a tf.train.CheckpointManager, got {type(manager).__name__}")
     counter = manager.checkpoint.save_counter
-    saved = _save(strategy, manager.checkpoint, lambda: manager.save(checkpoint_number) or "",
-                  lambda: None, where)
+    saved = on_chief(strategy, lambda: manager.save(checkpoint_number) or "", where)
     if strategy.extended.rank != 0 and saved:
         counter.assign_add(1)
     return saved
