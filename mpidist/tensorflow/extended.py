@@ -62,12 +62,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     @property
     def rank(self) -> int:
-        """This process's replica id (its rank in the strategy's communicator)."""
-        return self._rank
-
-    @property
-    def _rank(self) -> int:
-        # read from the engine each time: an elastic recovery (Engine.replace_comm) changes it
+        """This process's replica id (its rank in the strategy's communicator), read from the engine
+        each time: an elastic recovery (Engine.replace_comm) changes it."""
         return self._engine.rank
 
     @property
@@ -179,7 +175,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     # -- replicas ---------------------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        with self.device_scope(), MPIReplicaContext(self._container_strategy(), self._rank):
+        with self.device_scope(), MPIReplicaContext(self._container_strategy(), self.rank):
             return fn(*args, **kwargs)
 
     def _local_results(self, value: Any) -> tuple:
@@ -208,7 +204,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         return 0  # one replica per process: its variables' only component
 
     def _get_replica_id_in_sync_group(self, replica_id: Any) -> int:
-        return self._rank
+        return self.rank
 
     def _in_multi_worker_mode(self) -> bool:
         return self._engine.size > 1
@@ -223,11 +219,11 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     @property
     def should_checkpoint(self) -> bool:
-        return self._rank == 0
+        return self.rank == 0
 
     @property
     def should_save_summary(self) -> bool:
-        return self._rank == 0
+        return self.rank == 0
 
     @property
     def _global_batch_size(self) -> bool:
@@ -287,10 +283,10 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         # Program order (eager, or automatic control dependencies in a tf.function) puts the
         # broadcast after the chief's update of `var`.
         with self.device_scope(), _tf_private.UpdateContext(0):
-            result = fn(var, *args, **kwargs) if self._rank == 0 else None
+            result = fn(var, *args, **kwargs) if self.rank == 0 else None
             value = collectives.broadcast(self._engine, [var.read_value()], 0, self._default_call,
                                           "CentralStorageStrategy update (broadcast from the chief)")[0]
-            if self._rank != 0:
+            if self.rank != 0:
                 result = var.assign(value, read_value=False)
         return result if group else tf.nest.map_structure(self._local_results, result)
 
