@@ -17,7 +17,7 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
-from .validation import check_choice, check_flag, check_nonneg_int, parse_timeout_text
+from .validation import check_choice, check_compression, check_flag, check_nonneg_int, parse_timeout_text
 
 _PREFIX = "MPIDIST_"
 
@@ -51,6 +51,13 @@ def _flag(name: str, value: Any) -> bool:
 def _optional_seconds(name: str, value: Any) -> float | None:
     """Seconds > 0, or None for never: None, 0, "", "none" and "0" all mean never."""
     return parse_timeout_text(value, "mpidist.rc", name)
+
+
+def _compression(name: str, value: Any) -> str:
+    """none, float16 or bfloat16 (aliases: see validation.check_compression); None and "" mean none."""
+    if isinstance(value, str) and not value.strip():
+        return "none"
+    return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]
 
 
 def _path(name: str, value: Any) -> str:
@@ -98,6 +105,9 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "timeout_seconds": (None, _optional_seconds,
                         "default deadline of every collective; None or 0 = wait forever (a call's own "
                         "timeout_seconds=0 also means no deadline, over this default)"),
+    "compression": ("none", _compression,
+                    "float32 SUM/MEAN allreduce data travels as float16 or bfloat16 (summed in float32 "
+                    "after decompression; other dtypes and ops travel unchanged): none, float16, bfloat16"),
     "timeline": ("", _path,
                  "write a Chrome/Perfetto trace of every collective to this path, one file per rank "
                  "('{rank}' in the path is replaced by the rank, else '.rank<N>' goes before the suffix); "

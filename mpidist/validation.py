@@ -104,6 +104,27 @@ def check_choice(value: Any, where: str, name: str, allowed: Iterable[str], *, u
     raise ValueError(f"{where}: `{name}` must be one of {shown}, got {value!r}")
 
 
+COMPRESSIONS = ("none", "float16", "bfloat16")  # the normal forms of a `compression` value
+_COMPRESSION_ALIASES = {"none": "none", "off": "none", "float16": "float16", "fp16": "float16",
+                        "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def check_compression(value: Any, where: str, name: str = "compression", *, optional: bool = False) -> str | None:
+    """``compression`` (float32 allreduce data on the wire): "none", "float16" or "bfloat16".
+
+    Given in any case, as the aliases off, fp16/half and bf16, or as a dtype-like object of that
+    name (``numpy.float16``, ``tf.bfloat16``); ``None`` passes through when ``optional`` (not
+    set here: the next default applies), else it means "none"."""
+    if value is None:
+        return None if optional else "none"
+    text = getattr(value, "name", None) or getattr(value, "__name__", None) or value  # tf.DType, np.dtype, type
+    found = _COMPRESSION_ALIASES.get(text.strip().lower()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{where}: `{name}` must be one of none, float16, bfloat16 (or off, fp16, half, bf16)"
+                         f"{' or None' if optional else ''}, got {value!r}")
+    return found
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 

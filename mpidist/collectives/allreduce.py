@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import buffers, packing
+from . import buffers, compression, packing
 from .ops import Op, finish_mean, rules
 
 
@@ -25,6 +25,9 @@ def one(a: np.ndarray, wire: np.ndarray, mop, op: Op, size: int, transfer) -> np
 
 
 def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
+    if ctx.compression != "none" and op in compression.OPS:  # float32 leaves go compressed: compression.py
+        return compression.run(ctx, arrays, op, lambda rest: reduce_packs(
+            ctx, rest, op, lambda algorithm, send, recv, mop: algorithm.allreduce(ctx, send, recv, mop)))
     if len(arrays) == 1:  # no plan, no pack: the caller's array is the send buffer
         a = arrays[0]
         wire, mop = rules(a.dtype, op, ctx.where, "leaf 0 of `value`")

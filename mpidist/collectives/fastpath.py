@@ -61,7 +61,7 @@ class FastPaths:
 
     def remember(self, op: Any, red: Op, value: Any) -> None:
         """Cache ``value``'s call if it qualifies (see the module docstring)."""
-        if rc.timeline or rc.timeout_seconds is not None:
+        if rc.timeline or rc.timeout_seconds is not None or rc.compression != "none":  # compression.py's path
             return
         kind = type(value)
         if kind is np.ndarray:

@@ -5,7 +5,9 @@ arguments (``bytes_per_pack=``, ``num_packs=``, ``algorithm=``, ``timeout_second
 into one; ``CommunicationOptions.call_options()`` gives one; the TensorFlow bridge passes one.
 Every field means "not set here" when None (``implementation``: when "auto"), so the defaults in
 ``mpidist.rc`` apply. ``timeout_seconds=0`` means no deadline, over ``rc.timeout_seconds``
-(see mpidist/validation.py for the one meaning of each value).
+(see mpidist/validation.py for the one meaning of each value). ``compression`` ("none",
+"float16", "bfloat16"; None: ``rc.compression``) is carried by ``options=`` only: the engine has
+no keyword argument for it (see compression.py).
 
 :meth:`CallOptions.resolve` turns options into :class:`Resolved`: every field concrete, the
 defaults filled in, the deadline as seconds or None (no deadline). That is what the pipeline,
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._config import rc
-from ..validation import (NO_DEADLINE, check_bytes_per_pack, check_choice, check_num_packs,
+from ..validation import (NO_DEADLINE, check_bytes_per_pack, check_choice, check_compression, check_num_packs,
                           check_timeout)
 
 ALGORITHMS = ("auto", "flat", "hierarchical")
@@ -44,7 +46,8 @@ class CallOptions:
     ``bytes_per_pack``: pack size in bytes (0: automatic); ``num_packs``: split each dtype group
     into this many packs (0: every leaf alone; not with ``bytes_per_pack``); ``algorithm``: auto,
     flat or hierarchical; ``timeout_seconds``: deadline of the whole collective (0: none);
-    ``implementation``: for device buffers, auto, ring (MPI only) or nccl.
+    ``implementation``: for device buffers, auto, ring (MPI only) or nccl; ``compression``: none,
+    float16 or bfloat16 for float32 SUM/MEAN allreduce data on the wire (compression.py).
     """
 
     bytes_per_pack: int | None = None
@@ -52,18 +55,19 @@ class CallOptions:
     implementation: str = "auto"
     num_packs: int | None = None
     algorithm: str | None = None
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         checked = _checked("CallOptions", self.bytes_per_pack, self.num_packs, self.algorithm,
-                           self.timeout_seconds, self.implementation)
+                           self.timeout_seconds, self.implementation, self.compression)
         for name, value in zip(_FIELDS, checked):
             object.__setattr__(self, name, value)
 
     @classmethod
     def checked(cls, where: str, *, bytes_per_pack: Any = None, num_packs: Any = None, algorithm: Any = None,
-                timeout_seconds: Any = None, implementation: Any = "auto") -> "CallOptions":
+                timeout_seconds: Any = None, implementation: Any = "auto", compression: Any = None) -> "CallOptions":
         """CallOptions from loose arguments, errors naming ``where`` (e.g. "allreduce")."""
-        checked = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, implementation)
+        checked = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, implementation, compression)
         made = cls.__new__(cls)  # checked already: skip __post_init__'s second check
         for name, value in zip(_FIELDS, checked):
             object.__setattr__(made, name, value)
@@ -79,7 +83,8 @@ class CallOptions:
             bpp, npk = self.bytes_per_pack, self.num_packs
         return CallOptions(bpp, self.timeout_seconds if over.timeout_seconds is None else over.timeout_seconds,
                            self.implementation if over.implementation == "auto" else over.implementation, npk,
-                           self.algorithm if over.algorithm is None else over.algorithm)
+                           self.algorithm if over.algorithm is None else over.algorithm,
+                           self.compression if over.compression is None else over.compression)
 
     def kwargs(self) -> dict[str, Any]:
         """The set fields as the engine's keyword arguments (what upper layers used to pass)."""
@@ -92,6 +97,8 @@ class CallOptions:
             out["algorithm"] = self.algorithm
         if self.timeout_seconds is not None:
             out["timeout_seconds"] = self.timeout_seconds
+        if self.compression is not None:  # no engine keyword of its own: it travels as options=
+            out["options"] = CallOptions(compression=self.compression)
         return out
 
     def resolve(self) -> "Resolved":
@@ -99,14 +106,16 @@ class CallOptions:
         timeout = rc.timeout_seconds if self.timeout_seconds is None else self.timeout_seconds
         return Resolved(rc.bytes_per_pack if self.bytes_per_pack is None else self.bytes_per_pack,
                         self.num_packs, rc.algorithm if self.algorithm is None else self.algorithm,
-                        None if timeout == NO_DEADLINE else timeout, self.implementation)
+                        None if timeout == NO_DEADLINE else timeout, self.implementation,
+                        rc.compression if self.compression is None else self.compression)
 
 
-_FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation")  # _checked's order
+_FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation",
+           "compression")  # _checked's order
 
 
 def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, timeout_seconds: Any,
-             implementation: Any) -> tuple:
+             implementation: Any, compression: Any = None) -> tuple:
     # (None and "auto" are the common values: skip the calls for them)
     bpp = None if bytes_per_pack is None else check_bytes_per_pack(bytes_per_pack, where)
     npk = None if num_packs is None else check_num_packs(num_packs, where)
@@ -116,25 +125,27 @@ def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, ti
     alg = None if algorithm is None else check_choice(algorithm, where, "algorithm", ALGORITHMS)
     impl = "auto" if implementation == "auto" else \
         check_choice(implementation, where, "implementation", IMPLEMENTATIONS, upper=True)
-    return bpp, npk, alg, None if timeout_seconds is None else check_timeout(timeout_seconds, where), impl
+    comp = None if compression is None else check_compression(compression, where)
+    return bpp, npk, alg, None if timeout_seconds is None else check_timeout(timeout_seconds, where), impl, comp
 
 
 class Resolved:
     """Options with every field concrete: ``timeout`` is the deadline in seconds or None (none)."""
 
-    __slots__ = ("bytes_per_pack", "num_packs", "algorithm", "timeout", "implementation")
+    __slots__ = ("bytes_per_pack", "num_packs", "algorithm", "timeout", "implementation", "compression")
 
     def __init__(self, bytes_per_pack: int, num_packs: int | None, algorithm: str, timeout: float | None,
-                 implementation: str = "auto") -> None:
+                 implementation: str = "auto", compression: str = "none") -> None:
         self.bytes_per_pack, self.num_packs, self.algorithm = bytes_per_pack, num_packs, algorithm
-        self.timeout, self.implementation = timeout, implementation
+        self.timeout, self.implementation, self.compression = timeout, implementation, compression
 
     @staticmethod
     def defaults() -> "Resolved":
         """rc's defaults (the hot path: no per-call options); shared, rebuilt when rc changes."""
         cached = _defaults[0]
         if cached is None or _defaults[1] != rc.generation:
-            cached = _defaults[0] = Resolved(rc.bytes_per_pack, None, rc.algorithm, rc.timeout_seconds)
+            cached = _defaults[0] = Resolved(rc.bytes_per_pack, None, rc.algorithm, rc.timeout_seconds,
+                                             compression=rc.compression)
             _defaults[1] = rc.generation
         return cached
 
@@ -142,15 +153,16 @@ class Resolved:
     def from_arguments(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any,
                        timeout_seconds: Any) -> "Resolved":
         """The engine's keyword arguments, checked and resolved (no CallOptions in between)."""
-        bpp, npk, alg, timeout, _ = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, "auto")
+        bpp, npk, alg, timeout, _, _ = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, "auto")
         if timeout is None:
             timeout = rc.timeout_seconds
         return Resolved(rc.bytes_per_pack if bpp is None else bpp, npk, rc.algorithm if alg is None else alg,
-                        None if timeout == NO_DEADLINE else timeout)
+                        None if timeout == NO_DEADLINE else timeout, compression=rc.compression)
 
     def __repr__(self) -> str:
         return (f"Resolved(bytes_per_pack={self.bytes_per_pack}, num_packs={self.num_packs}, "
-                f"algorithm={self.algorithm!r}, timeout={self.timeout}, implementation={self.implementation!r})")
+                f"algorithm={self.algorithm!r}, timeout={self.timeout}, implementation={self.implementation!r}, "
+                f"compression={self.compression!r})")
 
 
 _defaults: list[Any] = [None, -1]  # (Resolved of rc's defaults, rc.generation it was built at)

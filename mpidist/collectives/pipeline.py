@@ -50,13 +50,14 @@ class Call:
     """
 
     __slots__ = ("where", "topo", "call", "size", "algorithm_name", "threshold", "bytes_per_pack", "num_packs",
-                 "notes")
+                 "notes", "compression")
 
     def __init__(self, where: str, topo: Topology, call: Caller, options: Resolved) -> None:
         self.where, self.topo, self.call, self.size = where, topo, call, topo.size
         self.algorithm_name, self.threshold = options.algorithm, rc.hierarchical_threshold
         self.bytes_per_pack, self.num_packs = options.bytes_per_pack, options.num_packs
         self.notes: dict[str, Any] | None = None
+        self.compression = options.compression  # "none", "float16" or "bfloat16" (compression.py)
 
     def plan(self, nbytes: list[int], groups: list[Any]) -> list[list[int]]:
         return packing.plan(nbytes, groups, self.bytes_per_pack, self.num_packs)
@@ -166,7 +167,8 @@ class Pipeline:
         if rc.check_agreement:
             key = self.key(where, op_root, structure_of(tree), module.signature(arrays),
                            options.algorithm if variant is None else f"{options.algorithm}|{variant}",
-                           options.bytes_per_pack, options.num_packs, options.timeout is not None)
+                           options.bytes_per_pack, options.num_packs, options.timeout is not None,
+                           options.compression)
             prepared = rec.now() if rec is not None else None
             agreement.agree(self.topology.comm, call, key, self._hashes, self.describe, where)
         if rec is not None:
@@ -179,10 +181,10 @@ class Pipeline:
 
     @staticmethod
     def key(where: str, op_root: tuple, structure: str, signature: tuple, alg: str, bpp: int,
-            npk: int | None, deadline: bool) -> tuple:
+            npk: int | None, deadline: bool, compression: str = "none") -> tuple:
         """What ranks must agree on (see agreement.py and :meth:`describe`)."""
         return (where, op_root, structure, signature, alg,
-                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline)
+                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline, compression)
 
     def agreement_hash(self, key: tuple) -> int:
         """The agreement hash of ``key`` (cached), for callers that agree with a precomputed hash."""
@@ -243,7 +245,7 @@ def structure_of(tree: Any) -> str:
 
 
 def _describe(key: tuple) -> str:
-    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline = key
+    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline, compression = key
     parts = []
     if op is not None:
         parts.append(f"op={Op(op).name}")
@@ -258,4 +260,6 @@ def _describe(key: tuple) -> str:
     parts.append(f"algorithm={alg}" + (f"(threshold={threshold})" if threshold is not None else ""))
     parts.append(f"bytes_per_pack={bpp}" + (f", num_packs={npk}" if npk is not None else ""))
     parts.append("with a deadline" if deadline else "no deadline")
+    if compression != "none":
+        parts.append(f"compression={compression}")
     return f"{where}({', '.join(parts)})"

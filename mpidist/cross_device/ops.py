@@ -34,6 +34,7 @@ from typing import Any, Iterable
 
 from ..collectives import Engine, gpu
 from ..validation import check_bytes_per_pack, check_num_packs, is_integer
+from ..collectives.options import CallOptions
 from .options import CommunicationOptions, as_options
 from .reduce_op import ReduceOp, as_reduce_op
 
@@ -159,6 +160,8 @@ class CrossDeviceOps:
         kwargs = dict(self._packing(), algorithm=self.algorithm, timeout_seconds=options.timeout_seconds)
         if options.bytes_per_pack and "num_packs" not in kwargs:
             kwargs["bytes_per_pack"] = options.bytes_per_pack
+        if options.compression is not None:  # mpidist's extension: no engine keyword, it travels as options=
+            kwargs["options"] = CallOptions(compression=options.compression)
         with gpu.implementation(*self._implementation(options)):
             return self.engine.allreduce(value, op.value, **kwargs)
 
