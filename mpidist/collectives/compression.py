@@ -102,11 +102,10 @@ def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
     # 2. our block's sum in float32, in rank order, compressed once
     total = out[offsets[rank]:offsets[rank] + mine]  # scratch: the allgather's result replaces it
     np.copyto(total, send[offsets[rank]:offsets[rank] + mine])
-    scratch = buffers.empty(mine, F32)
     for i in range(size):
         if i != rank:
             at = recv_displs[i]
-            total += codec.decode(got[at:at + head + mine], scratch)
+            codec.accumulate(got[at:at + head + mine], total)
     if op is Op.MEAN:
         total /= size
     block = buffers.empty(head + mine, _U16)
@@ -131,17 +130,55 @@ def _displacements(counts: list[int]) -> list[int]:
 
 
 class Codec:
-    """float32 to 16-bit words and back: ``encode(x, wire)`` fills ``wire`` (``header`` words first,
-    then one word per value); ``decode(wire, out)`` writes float32 values into ``out`` and returns it."""
+    """float32 to 16-bit words and back, a cache-sized chunk at a time (each step is several NumPy
+    passes; on chunks they stay in cache instead of going to memory and back each time).
+
+    ``encode(x, wire)`` fills ``wire`` (``header`` words first, then one word per value);
+    ``decode(wire, out)`` writes the float32 values into ``out``; ``accumulate(wire, total)``
+    adds them to ``total``."""
 
     name = "none"
     header = 0
 
     def encode(self, x: np.ndarray, wire: np.ndarray) -> None:
-        raise NotImplementedError
+        state = self.start(x, wire)
+        tmp = np.empty(min(CHUNK, x.size), np.uint32)
+        for at in range(0, x.size, CHUNK):
+            part = x[at:at + CHUNK]
+            self.encode_chunk(part, wire[self.header + at:self.header + at + part.size], tmp[:part.size], state)
 
     def decode(self, wire: np.ndarray, out: np.ndarray) -> np.ndarray:
+        state = self.state(wire)
+        data = wire[self.header:]
+        for at in range(0, out.size, CHUNK):
+            self.decode_chunk(data[at:at + CHUNK], out[at:at + CHUNK], state)
+        return out
+
+    def accumulate(self, wire: np.ndarray, total: np.ndarray) -> None:
+        state = self.state(wire)
+        data = wire[self.header:]
+        scratch = np.empty(min(CHUNK, total.size), F32)
+        for at in range(0, total.size, CHUNK):
+            part = total[at:at + CHUNK]
+            np.add(part, self.decode_chunk(data[at:at + CHUNK], scratch[:part.size], state), out=part)
+
+    # one codec's steps
+    def start(self, x: np.ndarray, wire: np.ndarray) -> object:
+        """Write the header of ``x``'s block into ``wire``; returns what encode_chunk needs."""
+        return None
+
+    def state(self, wire: np.ndarray) -> object:
+        """What decode_chunk needs, from the block's header."""
+        return None
+
+    def encode_chunk(self, x: np.ndarray, wire: np.ndarray, tmp: np.ndarray, state: object) -> None:
         raise NotImplementedError
+
+    def decode_chunk(self, wire: np.ndarray, out: np.ndarray, state: object) -> np.ndarray:
+        raise NotImplementedError
+
+
+CHUNK = 1 << 15  # values per chunk: 128 KiB of float32
 
 
 class Float16(Codec):
@@ -149,23 +186,28 @@ class Float16(Codec):
 
     name, header = "float16", 1
 
-    def encode(self, x: np.ndarray, wire: np.ndarray) -> None:
+    def start(self, x: np.ndarray, wire: np.ndarray) -> object:
         shift = scale_exponent(x)
         wire[:1].view(np.int16)[0] = shift
-        data = wire[1:].view(np.float16)
-        if shift == 0:
+        return np.float32(2.0 ** shift)
+
+    def state(self, wire: np.ndarray) -> object:
+        return np.float32(2.0 ** -int(wire[:1].view(np.int16)[0]))
+
+    def encode_chunk(self, x: np.ndarray, wire: np.ndarray, tmp: np.ndarray, state: object) -> None:
+        data = wire.view(np.float16)
+        if state == 1:
             with np.errstate(over="ignore"):  # a block with inf/NaN: its values beyond 65504 become inf
                 np.copyto(data, x, casting="same_kind")
         else:
-            np.multiply(x, np.float32(2.0 ** shift), out=data, casting="same_kind")
+            scaled = tmp.view(F32)
+            np.multiply(x, state, out=scaled)
+            np.copyto(data, scaled, casting="same_kind")
 
-    def decode(self, wire: np.ndarray, out: np.ndarray) -> np.ndarray:
-        shift = int(wire[:1].view(np.int16)[0])
-        data = wire[1:].view(np.float16)
-        if shift == 0:
-            np.copyto(out, data)
-        else:
-            np.multiply(data, np.float32(2.0 ** -shift), out=out)
+    def decode_chunk(self, wire: np.ndarray, out: np.ndarray, state: object) -> np.ndarray:
+        np.copyto(out, wire.view(np.float16))
+        if state != 1:
+            out *= state
         return out
 
 
@@ -187,19 +229,18 @@ class BFloat16(Codec):
 
     name, header = "bfloat16", 0
 
-    def encode(self, x: np.ndarray, wire: np.ndarray) -> None:
+    def encode_chunk(self, x: np.ndarray, wire: np.ndarray, tmp: np.ndarray, state: object) -> None:
         bits = x.view(np.uint32)
-        tmp = buffers.empty(x.size, np.dtype(np.uint32))
         np.right_shift(bits, 16, out=tmp)
         np.bitwise_and(tmp, 1, out=tmp)
         np.add(tmp, 0x7FFF, out=tmp)
         np.add(tmp, bits, out=tmp)  # + 0x7FFF + lowest kept bit: round half to even (wraps only for NaN)
         np.right_shift(tmp, 16, out=tmp)
         np.copyto(wire, tmp, casting="unsafe")
-        if x.size and np.isnan(x.max()):  # NaN's rounding may have carried into inf or the sign
+        if np.isnan(x.max()):  # NaN's rounding may have carried into inf or the sign
             wire[np.isnan(x)] = 0x7FC0
 
-    def decode(self, wire: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def decode_chunk(self, wire: np.ndarray, out: np.ndarray, state: object) -> np.ndarray:
         np.left_shift(wire, 16, out=out.view(np.uint32), dtype=np.uint32)
         return out
 
