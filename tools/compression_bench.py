@@ -11,6 +11,10 @@ over blocks (mpidist/bench/timing.py):
   ``Allreduce`` with a user-defined op that sums in float32 inside the callback, converted back.
 
 The engine's agreement is on (the default). Ratios are against raw Allreduce.
+
+Then the conversions alone (every rank at once, no communication): the compression work one rank
+does per float32 element of the allreduce, and the link bandwidth per rank below which the bytes
+saved (4(n-1)/n per element: half of a ring allreduce's 8(n-1)/n) outweigh it.
 """
 from __future__ import annotations
 
@@ -82,6 +86,30 @@ def cases(comm: MPI.Intracomm, engine: Engine, nbytes: int, alternatives: bool) 
     return found
 
 
+def conversion_cost(comm: MPI.Intracomm, kind: str, count: int, rounds: int = 5) -> float:
+    """Seconds per element of a ``count``-element allreduce that one rank spends converting, as
+    compression.reduce_buffer does: encode and decode-and-add (n-1)/n of it, encode 1/n, decode all.
+    Each step timed on ``count`` elements (best of ``rounds``, all ranks at once)."""
+    import time
+    n = comm.Get_size()
+    c = codec(kind)
+    x = np.random.default_rng(0).standard_normal(count).astype(np.float32)
+    wire = np.empty(c.header + count, np.uint16)
+    out = np.zeros(count, np.float32)
+    steps = {"encode": lambda: c.encode(x, wire), "accumulate": lambda: c.accumulate(wire, out),
+             "decode": lambda: c.decode(wire, out)}
+    best = {}
+    for name, step in steps.items():
+        times = []
+        for _ in range(rounds):
+            comm.Barrier()
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        best[name] = min(times) / count
+    return (n - 1) / n * (best["encode"] + best["accumulate"]) + best["encode"] / n + best["decode"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.compression_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="4MB,64MB", help="comma-separated buffer sizes (default 4MB,64MB)")
@@ -96,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = parse_size(text)
         timed = compare(comm, cases(comm, engine, nbytes, args.alternatives), args.seconds)
         results[fmt_size(nbytes)] = {name: s * 1e3 for name, s in timed.items()}
+    n = comm.Get_size()
+    count = parse_size(args.sizes.split(",")[-1]) // 4
+    results["conversion"] = {}
+    for kind in ("float16", "bfloat16"):
+        ns = conversion_cost(comm, kind, count) * 1e9
+        saved = 4 * (n - 1) / n  # bytes per element
+        results["conversion"][kind] = {"ns per element": ns,
+                                       "break-even link GB/s per rank": saved / ns if ns and n > 1 else None}
     engine.close()
     if comm.Get_rank() == 0:
         print(json.dumps(results, indent=1) if args.json else _table(results), flush=True)
@@ -105,13 +141,18 @@ def main(argv: list[str] | None = None) -> int:
 def _table(results: dict) -> str:
     lines = [f"compression bench, {results['ranks']} ranks; medians of interleaved blocks, ms per call"]
     for key, rows in results.items():
-        if not isinstance(rows, dict):
+        if not isinstance(rows, dict) or key == "conversion":
             continue
         lines.append(f"\n{key} float32")
         raw = rows["raw Allreduce float32"]
         plain = rows["mpidist allreduce, no compression"]
         for name, ms in rows.items():
             lines.append(f"  {name:<48}{ms:>10.3f} ms  x{ms / raw:5.2f} raw  x{ms / plain:5.2f} uncompressed")
+    lines.append("\nconversions alone, per float32 element of the allreduce (every rank at once)")
+    for kind, row in results.get("conversion", {}).items():
+        even = row["break-even link GB/s per rank"]
+        lines.append(f"  {kind:<10}{row['ns per element']:8.2f} ns   compression pays below "
+                     + (f"{even:.2f} GB/s ({even * 8:.1f} Gbit/s) per rank" if even else "- (one rank)"))
     return "\n".join(lines)
 
 
