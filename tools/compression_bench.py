@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     engine = Engine(comm)
-    results: dict[str, Any] = {"ranks": comm.Get_size()}
+    results: dict[str, Any] = {"ranks": comm.Get_size(), "load": "%.2f %.2f %.2f" % os.getloadavg()}
     for text in args.sizes.split(","):
         nbytes = parse_size(text)
         timed = compare(comm, cases(comm, engine, nbytes, args.alternatives), args.seconds)
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: dict) -> str:
-    lines = [f"compression bench, {results['ranks']} ranks; medians of interleaved blocks, ms per call"]
+    lines = [f"compression bench, {results['ranks']} ranks; medians of interleaved blocks, ms per call; "
+             f"load average at the start {results['load']}"]
     for key, rows in results.items():
         if not isinstance(rows, dict) or key == "conversion":
             continue
