@@ -170,3 +170,21 @@ def test_different_settings_raise_on_every_rank(engine, comm, rc_settings):
     with pytest.raises(CollectiveMismatchError, match="compression=bfloat16"):
         engine.allreduce(x)
     assert engine.allreduce(x, options=CallOptions(compression="none"))[0] == comm.Get_size()  # still usable
+
+
+def test_communication_options_reach_the_tensorflow_strategy(eng, comm):
+    """A TensorFlow strategy's CommunicationOptions(compression=...) reach the engine, eagerly and
+    inside a tf.function (replica context), with no change in the TensorFlow bridge."""
+    tf = pytest.importorskip("tensorflow")
+    from mpidist.strategies.backends import make_tf_strategy
+    n = comm.Get_size()
+    x = tf.constant(np.full(4, 1 + 2.0 ** -20, dtype=np.float32))
+    expected = np.full(4, n * (1 + 2.0 ** -20) if n == 1 else n, np.float32)
+    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(compression="bfloat16"))
+    assert np.array_equal(strategy.reduce("sum", x, axis=None).numpy(), expected)
+
+    @tf.function
+    def step():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", x))
+
+    assert np.array_equal(strategy.experimental_local_results(step())[0].numpy(), expected)
