@@ -56,6 +56,8 @@ def run(ctx, arrays: list[np.ndarray], op: Op, others: Callable[[list[np.ndarray
     rest = [i for i, a in enumerate(arrays) if a.dtype != F32]
     results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
     if mine:
+        if ctx.size > 1:  # the timeline's record of this collective says so
+            ctx.notes = {**(ctx.notes or {}), "compression": codec.name}
         leaves = [arrays[i] for i in mine]
         for pack in ctx.plan([a.nbytes for a in leaves], [F32] * len(leaves)):
             send = packing.pack([leaves[k] for k in pack], F32)

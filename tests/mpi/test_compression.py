@@ -5,10 +5,16 @@ documents; every rank gets the same bits; other dtypes and ops are untouched; ra
 differ get an error on every rank."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
 import mpidist
+from mpidist.collectives import timeline
 from mpidist.collectives.options import CallOptions
 from mpidist.cross_device.options import CommunicationOptions
 from mpidist.errors import CollectiveMismatchError
@@ -188,3 +194,33 @@ def test_communication_options_reach_the_tensorflow_strategy(eng, comm):
         return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", x))
 
     assert np.array_equal(strategy.experimental_local_results(step())[0].numpy(), expected)
+
+
+def test_timeline_names_compression_and_its_transfers(comm):
+    """The timeline's span of a compressed allreduce says so and shows Alltoallv + Allgatherv."""
+    directory = comm.bcast(tempfile.mkdtemp(prefix="mpidist-compression-") if comm.Get_rank() == 0 else None)
+    engine = mpidist.Engine(comm)
+    try:
+        with mpidist.rc.override(timeline=os.path.join(directory, "trace.json")):
+            engine.allreduce(np.ones(1000, np.float32), options=CallOptions(compression="float16"))
+            engine.allreduce(np.ones(1000, np.int32), options=CallOptions(compression="float16"))
+            path = timeline.recorder().path
+        assert timeline.recorder() is None  # reading the setting again closes the trace file
+    finally:
+        engine.close()
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = [e for e in events if e.get("cat") == "collective"]
+    assert len(spans) == 2
+    compressed, plain = spans
+    assert compressed["args"].get("compression") == ("float16" if comm.Get_size() > 1 else None)
+    assert "compression" not in plain["args"]  # int32 travels unchanged
+    transfers = [e["args"].get("mpi", e["name"]) for e in events if e.get("name") == "transfer"
+                 and compressed["ts"] <= e["ts"] <= compressed["ts"] + compressed["dur"]]
+    if comm.Get_size() > 1:
+        assert any("Alltoallv" in str(t) for t in transfers) and any("Allgatherv" in str(t) for t in transfers), \
+            transfers
