@@ -39,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, packing
+from .algorithms.flat import displacements
 from .ops import Op
 
 OPS = (Op.SUM, Op.MEAN)  # the ops that go compressed (for float32 leaves)
@@ -74,8 +75,7 @@ def blocks(count: int, size: int) -> tuple[list[int], list[int]]:
     """Element counts and offsets of the ``size`` blocks of ``count`` elements (array_split's cut)."""
     base, extra = divmod(count, size)
     counts = [base + (j < extra) for j in range(size)]
-    offsets = [sum(counts[:j]) for j in range(size)]
-    return counts, offsets
+    return counts, displacements(counts)
 
 
 def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
@@ -89,7 +89,7 @@ def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
     head = codec.header
     # 1. block j, compressed, to rank j (none to ourselves)
     send_counts = [0 if j == rank else head + counts[j] for j in range(size)]
-    send_displs = _displacements(send_counts)
+    send_displs = displacements(send_counts)
     wire = buffers.empty(sum(send_counts), _U16)
     for j in range(size):
         if j != rank:
@@ -97,7 +97,7 @@ def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
             codec.encode(send[offsets[j]:offsets[j] + counts[j]], wire[at:at + head + counts[j]])
     mine = counts[rank]
     recv_counts = [0 if i == rank else head + mine for i in range(size)]
-    recv_displs = _displacements(recv_counts)
+    recv_displs = displacements(recv_counts)
     got = buffers.empty(sum(recv_counts), _U16)
     ctx.call(comm, "Alltoallv", [wire, (send_counts, send_displs), MPI.UINT16_T],
              [got, (recv_counts, recv_displs), MPI.UINT16_T])
@@ -114,21 +114,13 @@ def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
     codec.encode(total, block)
     # 3. everyone's compressed results to everyone, decompressed (our own block too: same bits everywhere)
     gather_counts = [head + c for c in counts]
-    gather_displs = _displacements(gather_counts)
+    gather_displs = displacements(gather_counts)
     gathered = buffers.empty(sum(gather_counts), _U16)
     ctx.call(comm, "Allgatherv", [block, MPI.UINT16_T], [gathered, (gather_counts, gather_displs), MPI.UINT16_T])
     for j in range(size):
         at = gather_displs[j]
         codec.decode(gathered[at:at + head + counts[j]], out[offsets[j]:offsets[j] + counts[j]])
     return out
-
-
-def _displacements(counts: list[int]) -> list[int]:
-    displs, at = [], 0
-    for c in counts:
-        displs.append(at)
-        at += c
-    return displs
 
 
 class Codec:
