@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from . import runner
+from . import joins, runner
 from .gather import broadcast
 from .process_sets import ProcessSet, global_process_set
 
@@ -16,7 +16,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     engine = process_set.require_engine("barrier")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        engine.barrier()
+        joins.collective(engine, "barrier", engine.barrier)
         return [arrays[0]]
 
     out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier")
@@ -24,15 +24,15 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 
 def join(device: str = "", process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Wait until every rank has joined; returns the highest rank of the set (an int32 tensor).
-
-    Differs from Horovod: ranks that have joined do not stand in for the collectives of ranks
-    still training (every rank must issue the same collectives), so join is a barrier.
+    """This rank has no more data: stand in (with zeros) for the allreduces of the ranks still
+    training until every rank has joined. Returns the last rank that joined (an int32 tensor, the
+    same on every rank). See joins.py; while a rank has joined, collectives other than allreduce
+    are an error on every rank, as in Horovod.
     """
     engine = process_set.require_engine("join")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return [np.asarray(engine.allreduce(np.asarray(engine.rank, np.int32), "max"), np.int32).reshape(())]
+        return [np.asarray(joins.join(engine), np.int32).reshape(())]
 
     return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join")[0]
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from .. import basics
+from .. import basics, joins
 from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
 from ..process_sets import global_process_set
 from ..sync import broadcast_variables
@@ -64,7 +64,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not names:
             return
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        averaged = engine.allreduce(values, "mean")
+        averaged = joins.allreduce(engine, values, "mean")
         for k, v in zip(names, np.asarray(averaged).tolist()):
             logs[k] = v
 
