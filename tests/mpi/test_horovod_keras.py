@@ -237,3 +237,39 @@ def test_keras_backward_passes_eagerly():
     ref.fit(x, y, batch_size=per * n * 2, epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
     assert int(opt.iterations.numpy()) == steps // 2
+
+
+class _WeightsAtBatchBegin(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append(weights(self.model).tolist())
+
+
+def test_broadcast_callback_after_the_first_batch_equalizes_weights_and_optimizer_state():
+    """As Horovod: the first batch runs on each rank's own weights, then the root's model and optimizer
+    variables (slots included) are on every rank."""
+    n, me = hvd.size(), hvd.rank()
+    root = n - 1
+    keras.utils.set_random_seed(100 + me)  # different initial weights on every rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    for v in model.optimizer.variables:  # different optimizer state too (momenta, iterations)
+        if "float" in str(v.dtype) and len(v.shape) > 0:
+            v.assign(np.full(v.shape, 0.1 * (me + 1), str(v.dtype)))
+    model.optimizer.iterations.assign(7 * me)
+    seen = _WeightsAtBatchBegin()
+    x, y = batch(me, rows=12)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(root), seen])
+    first = hvd.allgather_object(seen.seen[0])
+    if n > 1:
+        assert first[0] != first[1]  # the broadcast is not at train begin
+    assert hvd.allgather_object(seen.seen[1]) == [seen.seen[1]] * n  # it happened after batch 0
+    opt_state = [v.numpy().ravel().tolist() for v in model.optimizer.variables]
+    assert hvd.allgather_object(opt_state) == [opt_state] * n
+    assert int(model.optimizer.iterations.numpy()) == 7 * root + 3
+    assert hvd.allgather_object(weights(model).tolist()) == [weights(model).tolist()] * n

@@ -1,8 +1,8 @@
 """Horovod's Keras callbacks on Keras 3.
 
-- BroadcastGlobalVariablesCallback(root_rank): the root's model (and built optimizer) variables
-  on every rank at the start of training (Horovod does it after the first batch; doing it first
-  makes every rank's first step identical too).
+- BroadcastGlobalVariablesCallback(root_rank): the root's model and optimizer variables on every
+  rank after the first batch, as Horovod does (then the optimizer's slot variables exist; the
+  first step itself runs on each rank's own weights).
 - MetricAverageCallback: the epoch's logs averaged over ranks (sorted by name, one allreduce each).
 - LearningRateScheduleCallback / LearningRateWarmupCallback: set Keras 3's
   ``optimizer.learning_rate`` by epoch (staircase) or by fractional epoch, as Horovod does.
@@ -25,7 +25,7 @@ _log = logging.getLogger("mpidist")
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the root's variables to every rank when training starts."""
+    """Broadcast the root's model and optimizer variables to every rank after the first batch."""
 
     def __init__(self, root_rank: int, device: str = "", process_set: Any = global_process_set) -> None:
         super().__init__()
@@ -33,7 +33,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.process_set = process_set
         self.broadcast_done = False
 
-    def _broadcast(self) -> None:
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.broadcast_done:
             return
         broadcast_variables(self.model.variables, self.root_rank, process_set=self.process_set)
@@ -41,12 +41,6 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None and getattr(optimizer, "built", False):
             broadcast_variables(optimizer.variables, self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        self._broadcast()
-
-    def on_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
