@@ -20,6 +20,15 @@ from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
 
+
+def __getattr__(name: str) -> object:
+    """``SyncBatchNormalization`` imports Keras, so only when it is asked for."""
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
@@ -31,5 +40,5 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
     "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
 ]

@@ -17,6 +17,7 @@ from .. import (Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum
                 shutdown, size, start_timeline, stop_timeline)
 from .. import allgather as _allgather, allreduce as _allreduce, broadcast as _broadcast
 from .. import optimizer as _optimizer, reducescatter as _reducescatter
+from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 
 
@@ -84,5 +85,5 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
     return model
 
 
-__all__ = ["DistributedOptimizer", "broadcast_global_variables", "load_model", "callbacks", "init", "shutdown",
+__all__ = ["DistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables", "load_model", "callbacks", "init", "shutdown",
            "size", "rank", "local_size", "local_rank", "allreduce", "allgather", "broadcast"]
