@@ -273,3 +273,37 @@ def test_broadcast_callback_after_the_first_batch_equalizes_weights_and_optimize
     assert hvd.allgather_object(opt_state) == [opt_state] * n
     assert int(model.optimizer.iterations.numpy()) == 7 * root + 3
     assert hvd.allgather_object(weights(model).tolist()) == [weights(model).tolist()] * n
+
+
+@pytest.mark.parametrize("correction", [True, False], ids=["momentum_correction", "no_correction"])
+def test_warmup_momentum_correction_equals_horovods_update(correction):
+    """Horovod multiplies SGD's momentum by new_lr / old_lr on each step whose rate the callback changed."""
+    n, me = hvd.size(), hvd.rank()
+    x, y = batch(me, rows=8)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.3, momentum=0.9)), loss="mse")
+    warm = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.3, warmup_epochs=2, steps_per_epoch=2,
+                                                     momentum_correction=correction)
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[warm])
+    w, v, lr_before = np.zeros((3, 1)), np.zeros((3, 1)), 0.3
+    for e in range(3):
+        for b in range(2):
+            lr = 0.3 / n * ((e + b / 2 + 1 / 2) * (n - 1) / 2 + 1) if e < 2 else lr_before
+            momentum = 0.9 * (lr / lr_before if correction else 1.0)
+            g = np.mean([2 * batch(r, rows=8)[0][4 * b:4 * b + 4].T
+                         @ (batch(r, rows=8)[0][4 * b:4 * b + 4] @ w - batch(r, rows=8)[1][4 * b:4 * b + 4]) / 4
+                         for r in range(n)], axis=0)
+            v = momentum * v - lr * g
+            w, lr_before = w + v, lr
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_momentum_correction_is_refused_where_it_cannot_be_applied():
+    x, y = batch(hvd.rank(), rows=4)
+    model = make_model()
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.RMSprop(0.01, momentum=0.5)), loss="mse")
+    with pytest.raises(ValueError, match="momentum_correction"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0,
+                  callbacks=[hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1)])
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1, momentum_correction=False)])

@@ -6,7 +6,13 @@
 - MetricAverageCallback: the epoch's logs averaged over ranks (sorted by name, one allreduce each).
 - LearningRateScheduleCallback / LearningRateWarmupCallback: set Keras 3's
   ``optimizer.learning_rate`` by epoch (staircase) or by fractional epoch, as Horovod does.
-  ``momentum_correction`` is accepted and not applied (Keras 3 keeps momentum as a constant).
+  ``momentum_correction`` (default True, as Horovod): when the learning rate changes from ``old``
+  to ``new``, Horovod multiplies the momentum by ``new / old`` for that step. Keras 3 compiles its
+  ``momentum`` into the train function as a constant, so here the velocity slots are multiplied by
+  ``new / old`` instead, which is the same update for ``keras.optimizers.SGD``
+  (``v = momentum * v - lr * g``). For ``nesterov=True`` the velocity is corrected, its look-ahead
+  term is not. Other optimizers with a nonzero ``momentum`` are refused (pass
+  ``momentum_correction=False``); optimizers without one are left alone, as in Horovod.
 """
 from __future__ import annotations
 
@@ -74,6 +80,17 @@ def _get_lr(optimizer: Any) -> float:
     return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
 
+def _has_momentum(optimizer: Any, where: str) -> bool:
+    """Whether momentum correction applies to ``optimizer`` (see the module docstring)."""
+    momentum = getattr(optimizer, "momentum", None)
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool) or momentum == 0:
+        return False
+    if not isinstance(optimizer, keras.optimizers.SGD):
+        raise ValueError(f"{where}: momentum_correction is applied to keras.optimizers.SGD only; "
+                         f"{type(optimizer).__name__} has momentum={momentum} (pass momentum_correction=False)")
+    return True
+
+
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """``learning_rate = initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch)."""
 
@@ -86,13 +103,21 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.staircase = staircase if callable(multiplier) else True
         self.multiplier: Callable[[float], float] = multiplier if callable(multiplier) else (lambda epoch: multiplier)
         self.momentum_correction = momentum_correction
+        self.correct_momentum = False
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
 
     def _adjust(self, epoch: float) -> None:
-        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch), type(self).__name__)
+        optimizer = self.model.optimizer
+        old, new = _get_lr(optimizer), self.initial_lr * self.multiplier(epoch)
+        _set_lr(optimizer, new, type(self).__name__)
+        if self.correct_momentum and old != 0 and new != old:
+            for velocity in getattr(optimizer, "momentums", None) or []:  # none before the first step
+                velocity.assign(velocity * (new / old))
 
     def on_train_begin(self, logs: Any = None) -> None:
+        self.correct_momentum = self.momentum_correction and _has_momentum(self.model.optimizer,
+                                                                           type(self).__name__)
         if self.initial_lr is None:
             self.initial_lr = _get_lr(self.model.optimizer)
         if not self.staircase and not self.steps_per_epoch:
