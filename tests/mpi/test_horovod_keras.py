@@ -72,8 +72,19 @@ def test_tape_groups_sparse_as_dense_and_partial():
         want[r % 5] += (r + 1) / n
     np.testing.assert_allclose(g.numpy(), want)
     partial = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
-    g_kernel = partial.gradient(loss, local.kernel)
-    np.testing.assert_allclose(g_kernel.numpy(), np.full((2, 1), me + 1.0))  # left local
+    g_kernel, g_table = partial.gradient(loss, [local.kernel, table])
+    np.testing.assert_allclose(g_kernel.numpy(), np.full((2, 1), (me + 1.0) / n))  # local, scaled by 1/size
+    want_table = np.zeros((5, 2), np.float32)
+    for r in range(n):
+        want_table[r % 5] += (r + 1) / n
+    np.testing.assert_allclose(tf.convert_to_tensor(g_table).numpy(), want_table)  # still averaged
+    unscaled = hvd.PartialDistributedGradientTape(tape, local_layers=local, scale_local_gradients=False)
+    np.testing.assert_allclose(unscaled.gradient(loss, local.kernel).numpy(), np.full((2, 1), me + 1.0))
+    registered = hvd.DistributedGradientTape(tape)
+    registered.register_local_source(local.bias)
+    np.testing.assert_allclose(registered.gradient(loss, local.bias).numpy(), [(me + 1.0) / n])
+    with pytest.raises(ValueError, match="local_layers"):
+        hvd.PartialDistributedGradientTape(tape, local_layers=[table])
 
 
 def test_tape_argument_errors():
@@ -307,3 +318,35 @@ def test_momentum_correction_is_refused_where_it_cannot_be_applied():
                   callbacks=[hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1)])
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
         hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1, momentum_correction=False)])
+
+
+@pytest.mark.parametrize("scale", [True, False], ids=["scaled", "unscaled"])
+def test_partial_distributed_optimizer_keeps_local_layers_local(scale):
+    n, me = hvd.size(), hvd.rank()
+    keras.utils.set_random_seed(21)
+    local = keras.layers.Dense(2, name="local")
+    model = keras.Sequential([keras.Input((3,)), local, keras.layers.Dense(1, name="shared")])
+    start = [v.numpy() for v in model.trainable_variables]
+    opt = hvdk.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[local],
+                                           scale_local_gradients=scale)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = batch(me, rows=4, seed=4)
+    model.train_on_batch(x, y)
+
+    def grads(r):
+        for v, s in zip(model.trainable_variables, start):
+            v.assign(s)
+        xr, yr = batch(r, rows=4, seed=4)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(xr) - yr) ** 2)
+        return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    got = [v.numpy() for v in model.trainable_variables]
+    everyone = [grads(r) for r in range(n)]
+    for i, (v, s) in enumerate(zip(model.trainable_variables, start)):
+        if i < 2:  # the local layer: this rank's own gradient
+            want = s - 0.1 * everyone[me][i] / (n if scale else 1)
+        else:
+            want = s - 0.1 * np.mean([g[i] for g in everyone], axis=0)
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+        hvdk.PartialDistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), local_layers=[local])
