@@ -5,8 +5,9 @@ Run under mpirun, e.g. ``mpirun -n 2 python -m tools.horovod_bench``. Rank 0 pri
 (a) allreduce of one 4 KB float32 tensor inside a ``tf.function``: ``hvd.allreduce``; mpidist's
     strategy (``strategy.run`` + ``ReplicaContext.all_reduce``); raw mpi4py ``Allreduce`` of the
     same bytes; and the part of ``hvd.allreduce`` that join support costs (the 16-byte control word
-    every Horovod collective exchanges first, see mpidist/horovod/tensorflow/joins.py). Horovod 0.28.1 (C++, on TensorFlow it still builds against) took 1.08 ms for this
-    on the project's reference machines; that figure is printed beside, not measured.
+    every Horovod collective exchanges first, see mpidist/horovod/tensorflow/joins.py). Horovod
+    0.28.1 (C++, on TensorFlow it still builds against) took 1.08 ms for this on the project's
+    reference machines; that figure is printed beside, not measured.
 (b) one Keras ``train_on_batch`` step of an MLP 784-512-512-10 (per-rank batch 64, SGD): with
     ``hvd.DistributedOptimizer``; with mpidist's MultiWorkerMirroredStrategy (global batch
     64 x ranks); and the same model without distribution (no communication).

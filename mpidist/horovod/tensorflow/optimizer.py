@@ -36,7 +36,8 @@ class _KerasMixin:
         """The gradients allreduced as configured, local variables' gradients left on this rank."""
         local: list[int] = []
         if self.hvd_local:
-            named = variables if variables is not None else list(self._trainable_variables)  # type: ignore[attr-defined]
+            named = variables if variables is not None else \
+                list(self._trainable_variables)  # type: ignore[attr-defined]
             local = [i for i, v in enumerate(named) if id(v) in self.hvd_local]
         return reduce_gradients(grads, variables, local=local, **self.hvd_args)
 

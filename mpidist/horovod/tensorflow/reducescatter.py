@@ -36,7 +36,8 @@ def _raw(tensors: Sequence[tf.Tensor], op: int, process_set: ProcessSet, name: s
         raise NotImplementedError(f"reducescatter: `op` must be hvd.Average or hvd.Sum, got {name_of(op)}")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = joins.collective(engine, where, lambda: engine.reduce_scatter(arrays[0] if len(arrays) == 1 else arrays, red))
+        value = arrays[0] if len(arrays) == 1 else arrays
+        out = joins.collective(engine, where, lambda: engine.reduce_scatter(value, red))
         return [out] if len(arrays) == 1 else list(out)
 
     def shape(s: tf.TensorShape) -> tf.TensorShape | None:

@@ -134,8 +134,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                                    compression: Any = Compression.none, sparse_as_dense: bool = False,
                                    op: Any = Average, gradient_predivide_factor: float = 1.0,
-                                   num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
-                                   local_layers: Any = None, scale_local_gradients: bool = True) -> tf.GradientTape:
+                                   num_groups: int = 0, groups: Any = None,
+                                   process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
     """DistributedGradientTape that leaves the gradients of ``local_layers``' variables on this rank
     (divided by the set's size when ``scale_local_gradients``)."""
     local = local_variable_ids(local_layers, "PartialDistributedGradientTape")
