@@ -28,6 +28,14 @@ class _KerasMixin:
     hvd_average_aggregated: bool
     hvd_local: set[int]
 
+    @property
+    def hvd_accumulators(self) -> list[Any]:
+        """The local gradient accumulators (``backward_passes_per_step`` > 1, once built)."""
+        try:
+            return list(self._hvd_acc)
+        except AttributeError:
+            return []
+
     def register_local_var(self, var: Any) -> None:
         """Leave ``var``'s gradient out of the allreduce (Horovod's PartialDistributedOptimizer)."""
         self.hvd_local.add(id(var))
@@ -130,6 +138,13 @@ class _V1Mixin:
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
         return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))  # type: ignore[attr-defined]
+
+
+def shared_variables(optimizer: Any) -> list[Any]:
+    """``optimizer.variables`` without a DistributedOptimizer's local gradient accumulators (each rank
+    sums its own backward passes there), i.e. what broadcasting the optimizer's state covers."""
+    local = {id(v) for v in getattr(optimizer, "hvd_accumulators", [])}
+    return [v for v in optimizer.variables if id(v) not in local]
 
 
 def is_keras_optimizer(optimizer: Any) -> bool:

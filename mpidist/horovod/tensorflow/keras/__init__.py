@@ -89,7 +89,7 @@ def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
         raise ValueError("broadcast_global_variables: Keras 3 has no global variables; pass `model=`")
     broadcast_variables(model.variables, root_rank)
     if getattr(model, "optimizer", None) is not None and model.optimizer.built:
-        broadcast_variables(model.optimizer.variables, root_rank)
+        broadcast_variables(_optimizer.shared_variables(model.optimizer), root_rank)
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,

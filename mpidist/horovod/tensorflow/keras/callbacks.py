@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import basics, joins
 from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
+from ..optimizer import shared_variables
 from ..process_sets import global_process_set
 from ..sync import broadcast_variables
 
@@ -45,7 +46,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         broadcast_variables(self.model.variables, self.root_rank, process_set=self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", False):
-            broadcast_variables(optimizer.variables, self.root_rank, process_set=self.process_set)
+            broadcast_variables(shared_variables(optimizer), self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
 
 
