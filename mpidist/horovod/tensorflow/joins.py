@@ -7,7 +7,8 @@ agreement check and deadlines cover it like any collective):
     [0 if active else 1,  1 if active else 0,  rank if active else size,  -(rank + 1) if just joined else 0]
 
 - Every rank active (the usual case): the collective runs as it is. This exchange is the whole
-  cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py).
+  cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
+  none on a set of one rank).
 - Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
   op, dtypes, shapes). For an allreduce the joined ranks, looping inside ``join()``, take part with
   the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
@@ -93,6 +94,8 @@ def _stand_in(structure: Any, op: Any) -> Any:
 
 def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
     """Before a collective of this (active) rank: serve or refuse the ranks that have joined."""
+    if engine.size == 1:
+        return  # no other rank can have joined
     word = _exchange(engine, False, False)
     if word[1] == 1:
         return  # every rank is active
@@ -115,6 +118,8 @@ def collective(engine: Engine, kind: str, call: Callable[[], Any]) -> Any:
 
 def join(engine: Engine) -> int:
     """Stand in for this rank's allreduces until every rank has joined; the last rank that joined."""
+    if engine.size == 1:
+        return engine.rank
     new = True
     while True:
         word = _exchange(engine, True, new)
