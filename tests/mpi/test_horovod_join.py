@@ -110,3 +110,17 @@ def test_other_collectives_are_refused_on_every_rank(what):
         else:
             calls[what]()
     np.testing.assert_allclose(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [n])  # usable afterwards
+
+
+def test_different_collectives_while_a_rank_has_joined_fail_on_every_rank():
+    n, me = hvd.size(), hvd.rank()
+    if n < 3:
+        pytest.skip("needs a rank that joined and two that did not")
+    with pytest.raises(tf.errors.FailedPreconditionError, match="while a rank had joined"):
+        if me == n - 1:
+            hvd.join()
+        elif me == 0:
+            hvd.allreduce(tf.ones([2]))
+        else:
+            hvd.allgather(tf.ones([1, 2]))
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [n])  # usable afterwards

@@ -10,7 +10,7 @@ agreement check and deadlines cover it like any collective):
   cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
   none on a set of one rank).
 - Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
-  op, dtypes, shapes). For an allreduce the joined ranks, looping inside ``join()``, take part with
+  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that. For an allreduce the joined ranks, looping inside ``join()``, take part with
   the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
   Horovod; +inf/-inf/1 for Min/Max/Product). Any other collective (allgather, broadcast, alltoall,
   reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the
@@ -60,6 +60,18 @@ def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
     return description if engine.rank == root else pickle.loads(np.asarray(data).tobytes())
 
 
+def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:
+    """After a description was shared: every rank checks it issued the same collective (one more
+    small allreduce, only while a rank has joined), so a mismatch is an error on every rank."""
+    if not np.asarray(engine.allreduce(np.array([int(ok)], np.int32), "min"))[0]:
+        def what(d: tuple) -> str:
+            return d[0] if d[2] is None else f"{d[0]} {d[2]}"
+        this = "has joined" if mine is None else f"issued {what(mine)}"
+        raise CollectiveMismatchError(
+            f"hvd.{theirs[0]}: ranks issued different collectives while a rank had joined (hvd.join): "
+            f"rank {root} issued {what(theirs)}, this rank {this}")
+
+
 def refusal(kind: str) -> CollectiveMismatchError:
     hint = " Specify sparse_as_dense=True if using DistributedOptimizer." if kind == "allgather" else ""
     return CollectiveMismatchError(
@@ -99,7 +111,9 @@ def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
     word = _exchange(engine, False, False)
     if word[1] == 1:
         return  # every rank is active
-    _share(engine, int(word[2]), _describe(kind, value, op))
+    mine = _describe(kind, value, op)
+    theirs = _share(engine, int(word[2]), mine)
+    _agree(engine, theirs == mine, mine, int(word[2]), theirs)
     if kind != ALLREDUCE:
         raise refusal(kind)
 
@@ -126,7 +140,9 @@ def join(engine: Engine) -> int:
         new = False
         if word[0] == 1:  # no rank is active any more
             return -int(word[3]) - 1
-        kind, op, structure = _share(engine, int(word[2]), None)
+        theirs = _share(engine, int(word[2]), None)
+        _agree(engine, True, None, int(word[2]), theirs)
+        kind, op, structure = theirs
         if kind != ALLREDUCE:
             raise refusal(kind)
         engine.allreduce(_stand_in(structure, op), op)
