@@ -113,6 +113,11 @@ def test_alltoall_errors():
     if n > 1:
         with pytest.raises(ValueError, match="divisible"):
             hvd.alltoall(tf.zeros([n + 1]))
+        with pytest.raises(ValueError, match=r"ranks \[1\] gave others"):  # bad on one rank: an error on all
+            hvd.alltoall(tf.zeros([n]), splits=[1] * n if hvd.rank() != 1 else [2] * n)
+        with pytest.raises(tf.errors.FailedPreconditionError, match="same dtype and trailing shape"):
+            hvd.alltoall(tf.zeros([n, 2 if hvd.rank() == 0 else 3]))
+        np.testing.assert_array_equal(hvd.alltoall(tf.ones([n]))[0].numpy(), np.ones(n))  # usable afterwards
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -134,6 +139,32 @@ def test_reducescatter(mode):
 def test_join_and_barrier(mode):
     assert int(run(mode, lambda x: hvd.join() + 0 * x, np.int32(0))) == hvd.size() - 1
     hvd.barrier()
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_broadcast_inplace_one_call_for_mixed_dtypes(mode):
+    root = hvd.size() - 1
+    a0, b0 = data(hvd.rank(), (2, 3)), data(hvd.rank(), (4,), np.int64, seed=2)
+    if mode == "graph":
+        with tf.Graph().as_default():
+            a, b = tf.compat.v1.Variable(a0), tf.compat.v1.Variable(b0)
+            out = hvd.broadcast_([a, b], root_rank=root)
+            single = hvd.broadcast_(a, root_rank=0)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got = sess.run(out)
+                values = sess.run([a, b])
+                got_single = sess.run(single)
+    else:
+        a, b = tf.Variable(a0), tf.Variable(b0)
+        fn = tf.function(hvd.broadcast_) if mode == "function" else hvd.broadcast_
+        got = [t.numpy() for t in fn([a, b], root_rank=root)]
+        values = [a.numpy(), b.numpy()]
+        got_single = fn(a, root_rank=0).numpy()
+    for g in (got, values):
+        np.testing.assert_array_equal(g[0], data(root, (2, 3)))
+        np.testing.assert_array_equal(g[1], data(root, (4,), np.int64, seed=2))
+    np.testing.assert_array_equal(got_single, data(root, (2, 3)))  # rank 0 holds root's values by then
 
 
 def test_broadcast_variables_and_objects():

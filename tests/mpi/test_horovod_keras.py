@@ -72,8 +72,19 @@ def test_tape_groups_sparse_as_dense_and_partial():
         want[r % 5] += (r + 1) / n
     np.testing.assert_allclose(g.numpy(), want)
     partial = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
-    g_kernel = partial.gradient(loss, local.kernel)
-    np.testing.assert_allclose(g_kernel.numpy(), np.full((2, 1), me + 1.0))  # left local
+    g_kernel, g_table = partial.gradient(loss, [local.kernel, table])
+    np.testing.assert_allclose(g_kernel.numpy(), np.full((2, 1), (me + 1.0) / n))  # local, scaled by 1/size
+    want_table = np.zeros((5, 2), np.float32)
+    for r in range(n):
+        want_table[r % 5] += (r + 1) / n
+    np.testing.assert_allclose(tf.convert_to_tensor(g_table).numpy(), want_table)  # still averaged
+    unscaled = hvd.PartialDistributedGradientTape(tape, local_layers=local, scale_local_gradients=False)
+    np.testing.assert_allclose(unscaled.gradient(loss, local.kernel).numpy(), np.full((2, 1), me + 1.0))
+    registered = hvd.DistributedGradientTape(tape)
+    registered.register_local_source(local.bias)
+    np.testing.assert_allclose(registered.gradient(loss, local.bias).numpy(), [(me + 1.0) / n])
+    with pytest.raises(ValueError, match="local_layers"):
+        hvd.PartialDistributedGradientTape(tape, local_layers=[table])
 
 
 def test_tape_argument_errors():
@@ -237,3 +248,105 @@ def test_keras_backward_passes_eagerly():
     ref.fit(x, y, batch_size=per * n * 2, epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
     assert int(opt.iterations.numpy()) == steps // 2
+
+
+class _WeightsAtBatchBegin(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append(weights(self.model).tolist())
+
+
+def test_broadcast_callback_after_the_first_batch_equalizes_weights_and_optimizer_state():
+    """As Horovod: the first batch runs on each rank's own weights, then the root's model and optimizer
+    variables (slots included) are on every rank."""
+    n, me = hvd.size(), hvd.rank()
+    root = n - 1
+    keras.utils.set_random_seed(100 + me)  # different initial weights on every rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    for v in model.optimizer.variables:  # different optimizer state too (momenta, iterations)
+        if "float" in str(v.dtype) and len(v.shape) > 0:
+            v.assign(np.full(v.shape, 0.1 * (me + 1), str(v.dtype)))
+    model.optimizer.iterations.assign(7 * me)
+    seen = _WeightsAtBatchBegin()
+    x, y = batch(me, rows=12)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(root), seen])
+    first = hvd.allgather_object(seen.seen[0])
+    if n > 1:
+        assert first[0] != first[1]  # the broadcast is not at train begin
+    assert hvd.allgather_object(seen.seen[1]) == [seen.seen[1]] * n  # it happened after batch 0
+    opt_state = [v.numpy().ravel().tolist() for v in model.optimizer.variables]
+    assert hvd.allgather_object(opt_state) == [opt_state] * n
+    assert int(model.optimizer.iterations.numpy()) == 7 * root + 3
+    assert hvd.allgather_object(weights(model).tolist()) == [weights(model).tolist()] * n
+
+
+@pytest.mark.parametrize("correction", [True, False], ids=["momentum_correction", "no_correction"])
+def test_warmup_momentum_correction_equals_horovods_update(correction):
+    """Horovod multiplies SGD's momentum by new_lr / old_lr on each step whose rate the callback changed."""
+    n, me = hvd.size(), hvd.rank()
+    x, y = batch(me, rows=8)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.3, momentum=0.9)), loss="mse")
+    warm = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.3, warmup_epochs=2, steps_per_epoch=2,
+                                                     momentum_correction=correction)
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[warm])
+    w, v, lr_before = np.zeros((3, 1)), np.zeros((3, 1)), 0.3
+    for e in range(3):
+        for b in range(2):
+            lr = 0.3 / n * ((e + b / 2 + 1 / 2) * (n - 1) / 2 + 1) if e < 2 else lr_before
+            momentum = 0.9 * (lr / lr_before if correction else 1.0)
+            g = np.mean([2 * batch(r, rows=8)[0][4 * b:4 * b + 4].T
+                         @ (batch(r, rows=8)[0][4 * b:4 * b + 4] @ w - batch(r, rows=8)[1][4 * b:4 * b + 4]) / 4
+                         for r in range(n)], axis=0)
+            v = momentum * v - lr * g
+            w, lr_before = w + v, lr
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_momentum_correction_is_refused_where_it_cannot_be_applied():
+    x, y = batch(hvd.rank(), rows=4)
+    model = make_model()
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.RMSprop(0.01, momentum=0.5)), loss="mse")
+    with pytest.raises(ValueError, match="momentum_correction"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0,
+                  callbacks=[hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1)])
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.01, steps_per_epoch=1, momentum_correction=False)])
+
+
+@pytest.mark.parametrize("scale", [True, False], ids=["scaled", "unscaled"])
+def test_partial_distributed_optimizer_keeps_local_layers_local(scale):
+    n, me = hvd.size(), hvd.rank()
+    keras.utils.set_random_seed(21)
+    local = keras.layers.Dense(2, name="local")
+    model = keras.Sequential([keras.Input((3,)), local, keras.layers.Dense(1, name="shared")])
+    start = [v.numpy() for v in model.trainable_variables]
+    opt = hvdk.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[local],
+                                           scale_local_gradients=scale)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = batch(me, rows=4, seed=4)
+    model.train_on_batch(x, y)
+
+    def grads(r):
+        for v, s in zip(model.trainable_variables, start):
+            v.assign(s)
+        xr, yr = batch(r, rows=4, seed=4)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(xr) - yr) ** 2)
+        return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    got = [v.numpy() for v in model.trainable_variables]
+    everyone = [grads(r) for r in range(n)]
+    for i, (v, s) in enumerate(zip(model.trainable_variables, start)):
+        if i < 2:  # the local layer: this rank's own gradient
+            want = s - 0.1 * everyone[me][i] / (n if scale else 1)
+        else:
+            want = s - 0.1 * np.mean([g[i] for g in everyone], axis=0)
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+        hvdk.PartialDistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), local_layers=[local])

@@ -15,10 +15,19 @@ from .process_sets import ProcessSet, add_process_set, global_process_set, remov
 from .allreduce import allreduce, grouped_allreduce
 from .gather import allgather, alltoall, broadcast, grouped_allgather
 from .reducescatter import grouped_reducescatter, reducescatter
-from .sync import barrier, broadcast_global_variables, broadcast_variables, join
+from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_variables, join
 from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
+
+
+def __getattr__(name: str) -> object:
+    """``SyncBatchNormalization`` imports Keras, so only when it is asked for."""
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
@@ -30,6 +39,7 @@ __all__ = [
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
+    "broadcast_",
     "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
 ]

@@ -6,17 +6,21 @@
   zeros elsewhere.
 - alltoall(tensor, splits): rank r receives rows ``splits[r]`` of every rank's tensor; returns
   ``(tensor, received_splits)``. Gradient: the alltoall of the incoming gradient with the received
-  splits. Built on the engine's allgather (the splits, then the rows), so it is agreement-checked
-  but moves every rank's rows to every rank.
+  splits. The splits and row layout go through one engine allgather (agreement check, stall
+  report), the rows through one MPI Alltoallv on the engine's communicator.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
+from mpi4py import MPI
 
-from . import runner
+from ...errors import CollectiveMismatchError
+
+from . import joins, runner
 from .raw import raw_allreduce, wire
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Sum
@@ -34,7 +38,7 @@ def raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) ->
     wired = [wire(t) for t in tensors]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = engine.allgather(arrays[0] if len(arrays) == 1 else arrays)
+        out = joins.collective(engine, where, lambda: engine.allgather(arrays[0] if len(arrays) == 1 else arrays))
         return [out] if len(arrays) == 1 else list(out)
 
     @tf.custom_gradient
@@ -84,7 +88,8 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     wired, dtype = wire(tensor)
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return [np.asarray(engine.broadcast(arrays[0], root=root_rank)).reshape(arrays[0].shape)]
+        out = joins.collective(engine, where, lambda: engine.broadcast(arrays[0], root=root_rank))
+        return [np.asarray(out).reshape(arrays[0].shape)]
 
     @tf.custom_gradient
     def bcast(x: tf.Tensor) -> Any:
@@ -102,26 +107,45 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     return tf.cast(out, dtype) if out.dtype != dtype else out
 
 
+def _exchange_rows(engine: Any, data: np.ndarray, mine: np.ndarray) -> list[np.ndarray]:
+    """One MPI Alltoallv of ``data``'s rows, after an engine allgather of every rank's splits and row
+    layout (agreement-checked and stall-watched): bad splits or a layout that differs from rank 0's
+    are an error on every rank."""
+    size, me = engine.size, engine.rank
+    ok = mine.size == size and not (mine < 0).any() and mine.sum() == data.shape[0]
+    layout = zlib.crc32(f"{data.dtype.str}{data.shape[1:]}".encode()) if ok else -1
+    row_of = np.concatenate([mine if ok else np.zeros(size, np.int64), [layout]]).reshape(1, size + 1)
+    table = np.asarray(engine.allgather(row_of.astype(np.int64)))
+    if (table[:, size] == -1).any():
+        raise ValueError(f"alltoall: `splits` must be {size} non-negative integers summing to the first "
+                         f"dimension of `tensor` on every rank; ranks {np.flatnonzero(table[:, size] == -1).tolist()} "
+                         f"gave others (this rank: {mine.tolist()} for {data.shape[0]} rows)")
+    if (table[:, size] != table[0, size]).any():
+        raise CollectiveMismatchError(
+            f"alltoall: every rank must send the same dtype and trailing shape; ranks "
+            f"{np.flatnonzero(table[:, size] != table[0, size]).tolist()} differ from rank 0 "
+            f"(this rank: {data.dtype.name} rows of shape {list(data.shape[1:])})")
+    received = table[:size, me]  # rows rank r sends to this rank
+    row = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
+    out = np.empty((int(received.sum()),) + data.shape[1:], data.dtype)
+    send = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    recv = out.reshape(-1).view(np.uint8)
+    counts = [(mine * row).tolist(), (received * row).tolist()]
+    displs = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64).tolist() for c in counts]
+    engine.topology.comm.Alltoallv([send, (counts[0], displs[0]), MPI.BYTE],
+                                   [recv, (counts[1], displs[1]), MPI.BYTE])
+    return [out, received.astype(np.int32)]
+
+
 def _raw_alltoall(x: tf.Tensor, splits: tf.Tensor, process_set: ProcessSet, name: str) -> tuple:
     where = "alltoall"
     engine = process_set.require_engine(where)
-    size, me = engine.size, engine.rank
+    size = engine.size
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         data, mine = arrays
         mine = np.asarray(mine, dtype=np.int64).reshape(-1)
-        if mine.size != size or (mine < 0).any() or mine.sum() != data.shape[0]:
-            raise ValueError(f"alltoall: `splits` must be {size} non-negative integers summing to the "
-                             f"first dimension of `tensor` ({data.shape[0]}), got {mine.tolist()}")
-        matrix = engine.allgather(mine.reshape(1, size))  # matrix[r, j]: rows rank r sends to rank j
-        everything = engine.allgather(data)
-        parts, at = [], 0
-        for r in range(size):
-            start = at + int(matrix[r, :me].sum())
-            parts.append(everything[start:start + int(matrix[r, me])])
-            at += int(matrix[r].sum())
-        received = matrix[:, me].astype(np.int32)
-        return [np.concatenate(parts) if parts else data[:0], received]
+        return joins.collective(engine, where, lambda: _exchange_rows(engine, data, mine))
 
     @tf.custom_gradient
     def a2a(t: tf.Tensor, s: tf.Tensor) -> Any:

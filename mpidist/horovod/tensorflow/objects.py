@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import joins
 from .process_sets import ProcessSet, global_process_set
 
 try:
@@ -30,6 +31,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
                      process_set: ProcessSet = global_process_set) -> Any:
     """``root_rank``'s ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
     engine = process_set.require_engine("broadcast_object")
+    joins.admit(engine, "broadcast_object")
     data = _dumps(obj) if engine.rank == root_rank else np.zeros(0, np.uint8)
     length = engine.broadcast(np.array([data.size], np.int64), root=root_rank)
     if engine.rank != root_rank:
@@ -52,6 +54,7 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every rank's ``obj``, as a list in rank order."""
     engine = process_set.require_engine("allgather_object")
+    joins.admit(engine, "allgather_object")
     data = _dumps(obj)
     sizes = engine.allgather(np.array([data.size], np.int64))
     gathered = np.asarray(engine.allgather(data))

@@ -17,7 +17,7 @@ import tensorflow as tf
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Average
-from .tape import check_reduce_args, reduce_gradients
+from .tape import check_reduce_args, local_variable_ids, reduce_gradients
 
 
 class _KerasMixin:
@@ -26,6 +26,28 @@ class _KerasMixin:
     hvd_args: dict[str, Any]
     hvd_passes: int
     hvd_average_aggregated: bool
+    hvd_local: set[int]
+
+    @property
+    def hvd_accumulators(self) -> list[Any]:
+        """The local gradient accumulators (``backward_passes_per_step`` > 1, once built)."""
+        try:
+            return list(self._hvd_acc)
+        except AttributeError:
+            return []
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var``'s gradient out of the allreduce (Horovod's PartialDistributedOptimizer)."""
+        self.hvd_local.add(id(var))
+
+    def hvd_reduce(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
+        """The gradients allreduced as configured, local variables' gradients left on this rank."""
+        local: list[int] = []
+        if self.hvd_local:
+            named = variables if variables is not None else \
+                list(self._trainable_variables)  # type: ignore[attr-defined]
+            local = [i for i, v in enumerate(named) if id(v) in self.hvd_local]
+        return reduce_gradients(grads, variables, local=local, **self.hvd_args)
 
     def build(self, variables: Any) -> None:
         super().build(variables)  # type: ignore[misc]
@@ -39,7 +61,7 @@ class _KerasMixin:
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
         if self.hvd_passes == 1:
-            return super().apply(reduce_gradients(grads, variables, **self.hvd_args), variables)  # type: ignore[misc]
+            return super().apply(self.hvd_reduce(grads, variables), variables)  # type: ignore[misc]
         if not self.built:  # type: ignore[attr-defined]
             self.build(variables)
             self.built = True
@@ -57,7 +79,7 @@ class _KerasMixin:
             summed = [None if g is None else tf.identity(acc) for g, acc in zip(grads, accs)]
             if self.hvd_average_aggregated:
                 summed = [None if s is None else s / tf.cast(passes, s.dtype) for s in summed]
-            reduced = reduce_gradients(summed, variables, **self.hvd_args)
+            reduced = self.hvd_reduce(summed, variables)
             super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]
             for acc in accs:
                 acc.assign(tf.zeros_like(acc))
@@ -75,7 +97,7 @@ class _KerasMixin:
 def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dense: bool,
                      gradient_predivide_factor: float, op: Any, backward_passes_per_step: int,
                      average_aggregated_gradients: bool, num_groups: int, groups: Any,
-                     process_set: ProcessSet) -> Any:
+                     process_set: ProcessSet, scale_local_gradients: bool, local: set[int]) -> Any:
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"DistributedOptimizer: `backward_passes_per_step` must be an integer >= 1, "
                          f"got {backward_passes_per_step!r}")
@@ -86,9 +108,11 @@ def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dens
     new = cls.from_config(config)
     new.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                         groups=groups, process_set=process_set, name="DistributedOptimizer")
+                         groups=groups, process_set=process_set, name="DistributedOptimizer",
+                         scale_local_gradients=scale_local_gradients)
     new.hvd_passes = backward_passes_per_step
     new.hvd_average_aggregated = average_aggregated_gradients
+    new.hvd_local = set(local)
     return new
 
 
@@ -102,6 +126,7 @@ def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as
                                groups=None, process_set=process_set, name="DistributedOptimizer")
     optimizer.hvd_passes = 1
     optimizer.hvd_average_aggregated = False
+    optimizer.hvd_local = set()
     return optimizer
 
 
@@ -113,6 +138,13 @@ class _V1Mixin:
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
         return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))  # type: ignore[attr-defined]
+
+
+def shared_variables(optimizer: Any) -> list[Any]:
+    """``optimizer.variables`` without a DistributedOptimizer's local gradient accumulators (each rank
+    sums its own backward passes there), i.e. what broadcasting the optimizer's state covers."""
+    local = {id(v) for v in getattr(optimizer, "hvd_accumulators", [])}
+    return [v for v in optimizer.variables if id(v) not in local]
 
 
 def is_keras_optimizer(optimizer: Any) -> bool:
@@ -128,15 +160,20 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: Any = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 or ``tf.compat.v1.train`` optimizer so that gradients are allreduced first."""
+                         scale_local_gradients: bool = True, local_layers: Any = None) -> Any:
+    """Wrap a Keras 3 or ``tf.compat.v1.train`` optimizer so that gradients are allreduced first
+    (``local_layers``: what PartialDistributedOptimizer leaves on this rank, Keras optimizers only)."""
     check_reduce_args(op, gradient_predivide_factor, num_groups, groups, "DistributedOptimizer")
     process_set.require_engine("DistributedOptimizer")
     if is_keras_optimizer(optimizer):
         return _keras_optimizer(optimizer, name, compression, sparse_as_dense, gradient_predivide_factor, op,
                                 backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
-                                process_set)
+                                process_set, scale_local_gradients,
+                                local_variable_ids(local_layers, "PartialDistributedOptimizer"))
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if local_layers is not None:
+            raise ValueError("PartialDistributedOptimizer: `optimizer` must be a Keras 3 optimizer, got "
+                             f"{type(optimizer).__name__}")
         if backward_passes_per_step != 1:
             raise NotImplementedError("DistributedOptimizer: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers only")

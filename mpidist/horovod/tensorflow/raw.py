@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from . import runner
+from . import joins, runner
 from .process_sets import ProcessSet
 from .reduce_ops import engine_op
 
@@ -30,7 +30,7 @@ def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name
     wired = [wire(t) for t in tensors]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = engine.allreduce(arrays[0] if len(arrays) == 1 else arrays, red)
+        out = joins.allreduce(engine, arrays[0] if len(arrays) == 1 else arrays, red)
         out = [out] if len(arrays) == 1 else list(out)
         return [np.asarray(r).reshape(a.shape) for r, a in zip(out, arrays)]
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from . import runner
+from . import joins, runner
 from .allreduce import scale
 from .raw import wire
 from .compression import Compression
@@ -36,7 +36,8 @@ def _raw(tensors: Sequence[tf.Tensor], op: int, process_set: ProcessSet, name: s
         raise NotImplementedError(f"reducescatter: `op` must be hvd.Average or hvd.Sum, got {name_of(op)}")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = engine.reduce_scatter(arrays[0] if len(arrays) == 1 else arrays, red)
+        value = arrays[0] if len(arrays) == 1 else arrays
+        out = joins.collective(engine, where, lambda: engine.reduce_scatter(value, red))
         return [out] if len(arrays) == 1 else list(out)
 
     def shape(s: tf.TensorShape) -> tf.TensorShape | None:

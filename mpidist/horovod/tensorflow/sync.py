@@ -6,8 +6,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from . import runner
-from .gather import broadcast
+from . import joins, runner
+from .raw import wire
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -16,7 +16,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     engine = process_set.require_engine("barrier")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        engine.barrier()
+        joins.collective(engine, "barrier", engine.barrier)
         return [arrays[0]]
 
     out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier")
@@ -24,28 +24,64 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 
 def join(device: str = "", process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Wait until every rank has joined; returns the highest rank of the set (an int32 tensor).
-
-    Differs from Horovod: ranks that have joined do not stand in for the collectives of ranks
-    still training (every rank must issue the same collectives), so join is a barrier.
+    """This rank has no more data: stand in (with zeros) for the allreduces of the ranks still
+    training until every rank has joined. Returns the last rank that joined (an int32 tensor, the
+    same on every rank). See joins.py; while a rank has joined, collectives other than allreduce
+    are an error on every rank, as in Horovod.
     """
     engine = process_set.require_engine("join")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return [np.asarray(engine.allreduce(np.asarray(engine.rank, np.int32), "max"), np.int32).reshape(())]
+        return [np.asarray(joins.join(engine), np.int32).reshape(())]
 
     return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join")[0]
 
 
+def _grouped_broadcast(tensors: Sequence[Any], root_rank: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
+    """``root_rank``'s values of ``tensors``, in one engine call (no gradient)."""
+    where = "broadcast"
+    engine = process_set.require_engine(where)
+    wired = [wire(t) for t in tensors]
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        out = joins.collective(engine, where, lambda: engine.broadcast(list(arrays), root=root_rank))
+        return [np.asarray(o).reshape(a.shape) for o, a in zip(out, arrays)]
+
+    outs = runner.execute(name, run, [w for w, _ in wired], [w.dtype for w, _ in wired],
+                          [w.shape for w, _ in wired], where)
+    return [tf.cast(o, d) if o.dtype != d else o for o, (_, d) in zip(outs, wired)]
+
+
+def broadcast_(variables: Any, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> Any:
+    """In-place broadcast: assign ``root_rank``'s values to ``variables`` (a tf.Variable or a list of
+    them) on every rank, in one engine call; returns the new values (a tensor, or a list of them)."""
+    single = not isinstance(variables, (list, tuple))
+    variables = [variables] if single else list(variables)
+    if not variables:
+        return []
+    values = _grouped_broadcast(variables, root_rank, process_set, runner.scope_name(name, "HorovodBroadcastInplace"))
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    if tf.executing_eagerly():
+        out = [tf.convert_to_tensor(v) for v in variables]
+    else:
+        with tf.control_dependencies(assigns):
+            out = [tf.identity(x) for x in values]
+    return out[0] if single else out
+
+
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
                         process_set: ProcessSet = global_process_set, inplace: bool = False) -> Any:
-    """Assign ``root_rank``'s values to ``variables`` on every rank (one engine call per variable).
+    """Assign ``root_rank``'s values to ``variables`` on every rank (one engine call for all of them).
 
     Eagerly the variables are assigned at once; in a graph the grouped assign op is returned.
+    ``inplace`` is accepted for Horovod's signature: the assignment is the same either way.
     """
     variables = list(variables)
-    assigns = [v.assign(broadcast(v, root_rank, name=f"broadcast_var_{i}", process_set=process_set))
-               for i, v in enumerate(variables)]
+    if not variables:
+        return None if tf.executing_eagerly() else tf.no_op()
+    values = _grouped_broadcast(variables, root_rank, process_set, "HorovodBroadcastVariables")
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         return None
     return tf.group(*assigns)

@@ -5,6 +5,10 @@ original tape's state, whose ``gradient()`` allreduces the local gradients: grou
 engine call (or ``num_groups`` / ``groups`` calls), IndexedSlices by allgather unless
 ``sparse_as_dense``, with ``compression`` and, for Average, ``gradient_predivide_factor`` split
 between pre- and postscaling as Horovod does.
+
+``PartialDistributedGradientTape(tape, local_layers=...)`` (and ``register_local_source``) leaves
+the gradients of local variables out of the allreduce; with ``scale_local_gradients`` (default
+True, as Horovod) they are divided by the process set's size, like the averaged ones.
 """
 from __future__ import annotations
 
@@ -38,15 +42,18 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None, *, o
                      compression: Any = Compression.none, sparse_as_dense: bool = False,
                      gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
                      process_set: ProcessSet = global_process_set, name: str = "DistributedGradient",
-                     skip: Sequence[int] = ()) -> list[Any]:
-    """Allreduce ``grads`` (None entries stay None) the way Horovod's tape and optimizer do."""
+                     local: Sequence[int] = (), scale_local_gradients: bool = True) -> list[Any]:
+    """Allreduce ``grads`` (None entries stay None) the way Horovod's tape and optimizer do; the
+    gradients at indices ``local`` stay on this rank (divided by the set's size when
+    ``scale_local_gradients``)."""
     grads = list(grads)
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     prescale, postscale = 1.0, 1.0
     if op == Average and gradient_predivide_factor != 1.0:
         prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    todo = [i for i, g in enumerate(grads) if g is not None and i not in set(skip)]
+    local = set(local)
+    todo = [i for i, g in enumerate(grads) if g is not None and i not in local]
     if groups is not None and variables is not None:
         ids = {id(v): k for k, group in enumerate(groups) for v in group}
         buckets: dict[int, list[int]] = {}
@@ -68,7 +75,25 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None, *, o
                                     name=f"{name}_{b}", process_set=process_set)
         for i, r in zip(batch, reduced):
             out[i] = r
+    if scale_local_gradients and local:
+        size = process_set.require_engine(name).size
+        for i in local:
+            if out[i] is not None and size > 1:
+                g = out[i]
+                out[i] = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape) \
+                    if isinstance(g, tf.IndexedSlices) else g / tf.cast(size, g.dtype)
     return out
+
+
+def local_variable_ids(local_layers: Any, where: str) -> set[int]:
+    """The ids of the trainable variables of ``local_layers`` (a Keras layer or a list of them)."""
+    if local_layers is None:
+        return set()
+    layers = local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
+    for layer in layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError(f"{where}: all `local_layers` must be Keras layers, got {type(layer).__name__}")
+    return {id(v) for layer in layers for v in layer.trainable_weights}
 
 
 class _DistributedTapeMixin:
@@ -79,9 +104,13 @@ class _DistributedTapeMixin:
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)  # type: ignore[misc]
         flat_sources = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        skip = [i for i, v in enumerate(flat_sources) if id(v) in self.hvd_local]  # type: ignore[attr-defined]
-        reduced = reduce_gradients(flat, flat_sources, skip=skip, **self.hvd_args)  # type: ignore[attr-defined]
+        local = [i for i, v in enumerate(flat_sources) if id(v) in self.hvd_local]  # type: ignore[attr-defined]
+        reduced = reduce_gradients(flat, flat_sources, local=local, **self.hvd_args)  # type: ignore[attr-defined]
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def register_local_source(self, source: Any) -> None:
+        """Leave the gradient of ``source`` (a variable) on this rank (Horovod's tape method)."""
+        self.hvd_local.add(id(source))  # type: ignore[attr-defined]
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -97,7 +126,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     tape.__dict__.update(gradtape.__dict__)  # the same recording: tapes keep their state in attributes
     tape.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                           gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                          groups=groups, process_set=process_set)
+                          groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
     tape.hvd_local = set()
     return tape
 
@@ -105,12 +134,14 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                                    compression: Any = Compression.none, sparse_as_dense: bool = False,
                                    op: Any = Average, gradient_predivide_factor: float = 1.0,
-                                   num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
-                                   local_layers: Any = None, scale_local_gradients: bool = True) -> tf.GradientTape:
-    """DistributedGradientTape that leaves the gradients of ``local_layers``' variables local."""
+                                   num_groups: int = 0, groups: Any = None,
+                                   process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """DistributedGradientTape that leaves the gradients of ``local_layers``' variables on this rank
+    (divided by the set's size when ``scale_local_gradients``)."""
+    local = local_variable_ids(local_layers, "PartialDistributedGradientTape")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups, process_set)
-    layers = [] if local_layers is None else (local_layers if isinstance(local_layers, (list, tuple))
-                                             else [local_layers])
-    tape.hvd_local = {id(v) for layer in layers for v in layer.trainable_weights}
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients=scale_local_gradients)
+    tape.hvd_local = local  # type: ignore[attr-defined]
     return tape

@@ -17,6 +17,7 @@ from .. import (Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum
                 shutdown, size, start_timeline, stop_timeline)
 from .. import allgather as _allgather, allreduce as _allreduce, broadcast as _broadcast
 from .. import optimizer as _optimizer, reducescatter as _reducescatter
+from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 
 
@@ -34,7 +35,27 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         backward_passes_per_step=backward_passes_per_step, op=op,
         gradient_predivide_factor=gradient_predivide_factor,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
-        process_set=process_set)
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: Any = Average, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """DistributedOptimizer that leaves the gradients of ``local_layers``' variables on this rank
+    (divided by the set's size when ``scale_local_gradients``); ``register_local_var`` adds more."""
+    if not _optimizer.is_keras_optimizer(optimizer):
+        raise TypeError(f"PartialDistributedOptimizer: `optimizer` must be a Keras 3 optimizer, "
+                        f"got {type(optimizer).__name__}")
+    return _optimizer.DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups, process_set=process_set,
+        scale_local_gradients=scale_local_gradients, local_layers=local_layers)
 
 
 def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
@@ -68,7 +89,7 @@ def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
         raise ValueError("broadcast_global_variables: Keras 3 has no global variables; pass `model=`")
     broadcast_variables(model.variables, root_rank)
     if getattr(model, "optimizer", None) is not None and model.optimizer.built:
-        broadcast_variables(model.optimizer.variables, root_rank)
+        broadcast_variables(_optimizer.shared_variables(model.optimizer), root_rank)
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
@@ -84,5 +105,5 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
     return model
 
 
-__all__ = ["DistributedOptimizer", "broadcast_global_variables", "load_model", "callbacks", "init", "shutdown",
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables", "load_model", "callbacks", "init", "shutdown",
            "size", "rank", "local_size", "local_rank", "allreduce", "allgather", "broadcast"]

@@ -1,12 +1,18 @@
 """Horovod's Keras callbacks on Keras 3.
 
-- BroadcastGlobalVariablesCallback(root_rank): the root's model (and built optimizer) variables
-  on every rank at the start of training (Horovod does it after the first batch; doing it first
-  makes every rank's first step identical too).
+- BroadcastGlobalVariablesCallback(root_rank): the root's model and optimizer variables on every
+  rank after the first batch, as Horovod does (then the optimizer's slot variables exist; the
+  first step itself runs on each rank's own weights).
 - MetricAverageCallback: the epoch's logs averaged over ranks (sorted by name, one allreduce each).
 - LearningRateScheduleCallback / LearningRateWarmupCallback: set Keras 3's
   ``optimizer.learning_rate`` by epoch (staircase) or by fractional epoch, as Horovod does.
-  ``momentum_correction`` is accepted and not applied (Keras 3 keeps momentum as a constant).
+  ``momentum_correction`` (default True, as Horovod): when the learning rate changes from ``old``
+  to ``new``, Horovod multiplies the momentum by ``new / old`` for that step. Keras 3 compiles its
+  ``momentum`` into the train function as a constant, so here the velocity slots are multiplied by
+  ``new / old`` instead, which is the same update for ``keras.optimizers.SGD``
+  (``v = momentum * v - lr * g``). For ``nesterov=True`` the velocity is corrected, its look-ahead
+  term is not. Other optimizers with a nonzero ``momentum`` are refused (pass
+  ``momentum_correction=False``); optimizers without one are left alone, as in Horovod.
 """
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
-from .. import basics
+from .. import basics, joins
 from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
+from ..optimizer import shared_variables
 from ..process_sets import global_process_set
 from ..sync import broadcast_variables
 
@@ -25,7 +32,7 @@ _log = logging.getLogger("mpidist")
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the root's variables to every rank when training starts."""
+    """Broadcast the root's model and optimizer variables to every rank after the first batch."""
 
     def __init__(self, root_rank: int, device: str = "", process_set: Any = global_process_set) -> None:
         super().__init__()
@@ -33,20 +40,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.process_set = process_set
         self.broadcast_done = False
 
-    def _broadcast(self) -> None:
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.broadcast_done:
             return
         broadcast_variables(self.model.variables, self.root_rank, process_set=self.process_set)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", False):
-            broadcast_variables(optimizer.variables, self.root_rank, process_set=self.process_set)
+            broadcast_variables(shared_variables(optimizer), self.root_rank, process_set=self.process_set)
         self.broadcast_done = True
-
-    def on_train_begin(self, logs: Any = None) -> None:
-        self._broadcast()
-
-    def on_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -64,7 +65,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not names:
             return
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        averaged = engine.allreduce(values, "mean")
+        averaged = joins.allreduce(engine, values, "mean")
         for k, v in zip(names, np.asarray(averaged).tolist()):
             logs[k] = v
 
@@ -80,6 +81,17 @@ def _get_lr(optimizer: Any) -> float:
     return float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
 
 
+def _has_momentum(optimizer: Any, where: str) -> bool:
+    """Whether momentum correction applies to ``optimizer`` (see the module docstring)."""
+    momentum = getattr(optimizer, "momentum", None)
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool) or momentum == 0:
+        return False
+    if not isinstance(optimizer, keras.optimizers.SGD):
+        raise ValueError(f"{where}: momentum_correction is applied to keras.optimizers.SGD only; "
+                         f"{type(optimizer).__name__} has momentum={momentum} (pass momentum_correction=False)")
+    return True
+
+
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """``learning_rate = initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch)."""
 
@@ -92,13 +104,21 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.staircase = staircase if callable(multiplier) else True
         self.multiplier: Callable[[float], float] = multiplier if callable(multiplier) else (lambda epoch: multiplier)
         self.momentum_correction = momentum_correction
+        self.correct_momentum = False
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
 
     def _adjust(self, epoch: float) -> None:
-        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch), type(self).__name__)
+        optimizer = self.model.optimizer
+        old, new = _get_lr(optimizer), self.initial_lr * self.multiplier(epoch)
+        _set_lr(optimizer, new, type(self).__name__)
+        if self.correct_momentum and old != 0 and new != old:
+            for velocity in getattr(optimizer, "momentums", None) or []:  # none before the first step
+                velocity.assign(velocity * (new / old))
 
     def on_train_begin(self, logs: Any = None) -> None:
+        self.correct_momentum = self.momentum_correction and _has_momentum(self.model.optimizer,
+                                                                           type(self).__name__)
         if self.initial_lr is None:
             self.initial_lr = _get_lr(self.model.optimizer)
         if not self.staircase and not self.steps_per_epoch:

@@ -1,0 +1,148 @@
+"""Horovod's ``join``: ranks that ran out of data stop while the others keep reducing.
+
+Every engine call of the Horovod layer passes through this module. Before it, the ranks exchange
+one 16-byte control word (an engine allreduce of four int32 with MIN, so the stall report, the
+agreement check and deadlines cover it like any collective):
+
+    [0 if active else 1,  1 if active else 0,  rank if active else size,  -(rank + 1) if just joined else 0]
+
+- Every rank active (the usual case): the collective runs as it is. This exchange is the whole
+  cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
+  none on a set of one rank).
+- Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
+  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that. For an allreduce the joined ranks, looping inside ``join()``, take part with
+  the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
+  Horovod; +inf/-inf/1 for Min/Max/Product). Any other collective (allgather, broadcast, alltoall,
+  reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the
+  joined ones raising from ``join()``, as Horovod refuses them ("not supported with Join").
+- No rank active: every rank has joined; ``join()`` returns on every rank the last rank that
+  joined (the highest of those that joined in that last exchange).
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+
+from ...collectives import Engine
+from ...errors import CollectiveMismatchError
+
+ALLREDUCE = "allreduce"
+
+
+def _exchange(engine: Engine, joined: bool, new: bool) -> np.ndarray:
+    if joined:
+        word = np.array([1, 0, engine.size, -(engine.rank + 1) if new else 0], np.int32)
+    else:
+        word = np.array([0, 1, engine.rank, 0], np.int32)
+    return np.asarray(engine.allreduce(word, "min"))
+
+
+def _describe(kind: str, value: Any, op: Any) -> tuple:
+    if kind != ALLREDUCE:
+        return (kind, None, None)
+    if isinstance(value, (list, tuple)):
+        return (kind, op, (type(value), [(np.asarray(v).dtype.str, np.shape(v)) for v in value]))
+    return (kind, op, (np.asarray(value).dtype.str, np.shape(value)))
+
+
+def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
+    """``root``'s description on every rank (two engine broadcasts: its length, its bytes)."""
+    if engine.rank == root:
+        data = np.frombuffer(pickle.dumps(description), np.uint8)
+    else:
+        data = np.zeros(0, np.uint8)
+    length = engine.broadcast(np.array([data.size], np.int64), root=root)
+    if engine.rank != root:
+        data = np.zeros(int(np.asarray(length)[0]), np.uint8)
+    data = engine.broadcast(data, root=root)
+    return description if engine.rank == root else pickle.loads(np.asarray(data).tobytes())
+
+
+def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:
+    """After a description was shared: every rank checks it issued the same collective (one more
+    small allreduce, only while a rank has joined), so a mismatch is an error on every rank."""
+    if not np.asarray(engine.allreduce(np.array([int(ok)], np.int32), "min"))[0]:
+        def what(d: tuple) -> str:
+            return d[0] if d[2] is None else f"{d[0]} {d[2]}"
+        this = "has joined" if mine is None else f"issued {what(mine)}"
+        raise CollectiveMismatchError(
+            f"hvd.{theirs[0]}: ranks issued different collectives while a rank had joined (hvd.join): "
+            f"rank {root} issued {what(theirs)}, this rank {this}")
+
+
+def refusal(kind: str) -> CollectiveMismatchError:
+    hint = " Specify sparse_as_dense=True if using DistributedOptimizer." if kind == "allgather" else ""
+    return CollectiveMismatchError(
+        f"hvd.{kind}: not supported while a rank has joined (hvd.join): ranks that joined stand in for "
+        f"allreduce only, as in Horovod.{hint}")
+
+
+def identity(dtype: np.dtype, op: Any) -> Any:
+    """The value a joined rank contributes to a reduction with ``op``."""
+    name = str(getattr(op, "value", op)).lower()
+    if name in ("sum", "mean"):
+        return 0
+    if name == "prod":
+        return 1
+    biggest = name == "min"
+    if dtype.kind == "b":
+        return biggest
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.max if biggest else info.min
+    return np.inf if biggest else -np.inf
+
+
+def _stand_in(structure: Any, op: Any) -> Any:
+    def one(spec: tuple) -> np.ndarray:
+        dtype = np.dtype(spec[0])
+        return np.full(spec[1], identity(dtype, op), dtype)
+    if isinstance(structure[0], type):  # (list or tuple, specs)
+        return structure[0](one(s) for s in structure[1])
+    return one(structure)
+
+
+def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
+    """Before a collective of this (active) rank: serve or refuse the ranks that have joined."""
+    if engine.size == 1:
+        return  # no other rank can have joined
+    word = _exchange(engine, False, False)
+    if word[1] == 1:
+        return  # every rank is active
+    mine = _describe(kind, value, op)
+    theirs = _share(engine, int(word[2]), mine)
+    _agree(engine, theirs == mine, mine, int(word[2]), theirs)
+    if kind != ALLREDUCE:
+        raise refusal(kind)
+
+
+def allreduce(engine: Engine, value: Any, op: Any) -> Any:
+    """``engine.allreduce(value, op)``; ranks that have joined contribute the op's identity."""
+    admit(engine, ALLREDUCE, value, op)
+    return engine.allreduce(value, op)
+
+
+def collective(engine: Engine, kind: str, call: Callable[[], Any]) -> Any:
+    """``call()``: any other engine collective(s), refused on every rank while a rank has joined."""
+    admit(engine, kind)
+    return call()
+
+
+def join(engine: Engine) -> int:
+    """Stand in for this rank's allreduces until every rank has joined; the last rank that joined."""
+    if engine.size == 1:
+        return engine.rank
+    new = True
+    while True:
+        word = _exchange(engine, True, new)
+        new = False
+        if word[0] == 1:  # no rank is active any more
+            return -int(word[3]) - 1
+        theirs = _share(engine, int(word[2]), None)
+        _agree(engine, True, None, int(word[2]), theirs)
+        kind, op, structure = theirs
+        if kind != ALLREDUCE:
+            raise refusal(kind)
+        engine.allreduce(_stand_in(structure, op), op)
