@@ -9,10 +9,11 @@ collective as soon as ITS gradients exist, while the rest of the backward pass s
 - Buckets follow the order backprop produces gradients: the REVERSE of the list's order (Keras
   and ``tape.gradient`` list gradients in the order of the variables, first layer first; the
   last layer's gradients are ready first). The first bucket holds the list's last tensors.
-- A bucket closes once it holds ``bytes_per_pack`` bytes (the strategy's
+- A bucket closes as soon as it holds at least ``bytes_per_pack`` bytes (the strategy's
   ``CommunicationOptions(bytes_per_pack=...)`` or ``mpidist.rc.bytes_per_pack``); with 0
-  (automatic, the default) buckets close at :data:`DEFAULT_BUCKET_BYTES` (4 MiB). A tensor larger
-  than the limit is a bucket of its own. ``num_packs`` set: no buckets (one op, whose engine call
+  (automatic, the default) at :data:`DEFAULT_BUCKET_BYTES` (4 MiB). So a bucket exceeds the
+  limit by less than its last tensor, and a layer's small bias joins the next kernel's bucket
+  instead of travelling alone (PyTorch DDP's rule; its default cap is 25 MB). ``num_packs`` set: no buckets (one op, whose engine call
   splits the list into that many packs, as TensorFlow's cross-device ops do).
 - Only the ORDER of the collectives is fixed (the bridge's ordering token,
   collectives.py): bucket 1, then 2, ... on every rank.
@@ -66,11 +67,11 @@ def plan(sizes: Sequence[int | None], limit: int | None) -> list[list[int]]:
     current: list[int] = []
     held = 0
     for i in reversed(range(n)):
-        if current and held + sizes[i] > limit:
-            buckets.append(sorted(current))
-            current, held = [], 0
         current.append(i)
         held += sizes[i]
+        if held >= limit:
+            buckets.append(sorted(current))
+            current, held = [], 0
     if current:
         buckets.append(sorted(current))
     return buckets
