@@ -5,7 +5,8 @@ Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_bench`` (from the reposi
 (a) all_reduce of one 4 KB float32 tensor inside a ``tf.function``, through the mpidist strategy's
     replica context (``strategy.run`` + ``ReplicaContext.all_reduce``), against raw mpi4py
     ``Allreduce`` of the same bytes; also the cost per collective when a tf.function issues 100 of
-    them, and TensorFlow's MultiWorkerMirroredStrategy doing the same.
+    them (this checkout, and the bridge at ``--before``, traced into the same process), and
+    TensorFlow's MultiWorkerMirroredStrategy doing the same.
 (b) one custom-training-loop step of an MLP 784-512-512-10 (0.67 M parameters, global batch 256,
     SGD): the mpidist strategy (TensorFlow's tutorial loop: strategy.run, the Keras optimizer
     all-reducing gradients, strategy.reduce of the loss); a hand-written mpi4py loop (gradients
@@ -33,6 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist.bench.timing import compare
+from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, traced_before
 
 
 def tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
@@ -55,7 +57,8 @@ def tf_own_mwms(tf: Any) -> Any:
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
 
 
-def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> dict[str, Callable[[], Any]]:
+def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm,
+                     before: Any = None, before_rev: str = "") -> dict[str, Callable[[], Any]]:
     a = np.ones(1024, dtype=np.float32)
     out = np.empty_like(a)
     x = tf.constant(a)
@@ -83,6 +86,11 @@ def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> 
 
     mpidist_body = chain(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v))
     f100 = tf.function(lambda v: strategy.run(mpidist_body, args=(v,)), autograph=False)
+    f100_before = None
+    if before is not None:  # the bridge at `before_rev`, traced in (tools/overlap_bench.py)
+        with traced_before(before):
+            f100_before = tf.function(lambda v: strategy.run(mpidist_body, args=(v,)), autograph=False)
+            f100_before.get_concrete_function(x)
     raw1 = tf.function(raw_in_graph, autograph=False)
     raw100 = tf.function(chain(raw_in_graph), autograph=False)
     cases = {"raw mpi4py Allreduce": lambda: raw.Allreduce(a, out),
@@ -90,6 +98,8 @@ def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> 
              "mpidist, 1 per tf.function call": one(strategy),
              "raw Allreduce in a tf.numpy_function, 100 per call (per collective)": lambda: raw100(x),
              "mpidist, 100 per tf.function call (per collective)": lambda: f100(x)}
+    if f100_before is not None:
+        cases[f"mpidist before ({before_rev}), 100 per call (per collective)"] = lambda: f100_before(x)
     if mwms is not None:
         cases["TF MultiWorkerMirroredStrategy, 1 per call"] = one(mwms)
     return cases
@@ -188,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow intra- and inter-op threads per rank (default 0: TensorFlow's choice)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--before", default=DEFAULT_BEFORE,
+                        help=f"git revision whose TF bridge (a) also runs, interleaved (default {DEFAULT_BEFORE}; '' skips)")
     parser.add_argument("--cases", default="allreduce,step,input",
                         help="comma-separated parts to run: allreduce, step, input (default: all)")
     args = parser.parse_args(argv)
@@ -215,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     strategy = make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions())
     results: dict[str, Any] = {"ranks": comm.Get_size(), "threads": args.threads or "TensorFlow's default"}
     if "allreduce" in parts:
-        results["allreduce 4 KB (ms)"] = compare(comm, _allreduce_cases(tf, strategy, mwms, comm), args.seconds)
+        results["allreduce 4 KB (ms)"] = compare(
+            comm, _allreduce_cases(tf, strategy, mwms, comm, before_bridge(args.before), args.before), args.seconds)
     if "step" in parts:
         results[f"MLP step, global batch {args.global_batch} (ms)"] = \
             compare(comm, _step_cases(tf, keras, strategy, mwms, comm, args.global_batch), args.seconds)
