@@ -3,8 +3,8 @@
 Run under mpirun from the repository root, e.g.
 ``mpirun -n 2 python -m tools.overlap_bench`` (rank 0 prints).
 
-One training step of an MLP (``--width`` x ``--depth`` Dense layers, SGD, per-replica batch
-``--batch``) in a ``tf.function``, cases interleaved in ~10 ms blocks (medians over blocks):
+One training step of an MLP (``--inputs`` features, ``--depth`` Dense layers of ``--width``, a
+Dense(10); SGD, per-replica batch ``--batch``) in a ``tf.function``, cases interleaved in ~10 ms blocks (medians over blocks):
 
 - compute only: the same step without a strategy (gradients and the SGD update, no communication);
 - communication only: the all-reduce of a gradient-shaped list through the strategy's replica
@@ -80,10 +80,19 @@ def traced_before(module: Any) -> Iterator[None]:
         reductions.collectives, reductions.buckets = saved
 
 
-def mlp(keras: Any, width: int, depth: int) -> Any:
-    layers = [keras.Input((width,))]
-    layers += [keras.layers.Dense(width, activation="relu") for _ in range(depth - 1)]
+def mlp(keras: Any, args: argparse.Namespace) -> Any:
+    """``--inputs`` features, ``--depth`` Dense layers of ``--width`` (relu), a Dense(10) on top. The
+    first layer is small (its gradient comes last: the part of communication nothing can hide)."""
+    layers = [keras.Input((args.inputs,))]
+    layers += [keras.layers.Dense(args.width, activation="relu") for _ in range(args.depth)]
     return keras.Sequential(layers + [keras.layers.Dense(10)])
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inputs", type=int, default=256, help="input features (default 256)")
+    parser.add_argument("--width", type=int, default=1024, help="Dense width (default 1024)")
+    parser.add_argument("--depth", type=int, default=4, help="Dense layers of --width (default 4)")
+    parser.add_argument("--batch", type=int, default=64, help="per-replica batch (default 64)")
 
 
 def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, before: Any) -> tuple[dict, dict]:
@@ -92,7 +101,7 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
 
     rank = engine.rank
     rng = np.random.default_rng(rank)
-    x = tf.constant(rng.normal(size=(args.batch, args.width)).astype(np.float32))
+    x = tf.constant(rng.normal(size=(args.batch, args.inputs)).astype(np.float32))
     y = tf.constant(rng.integers(0, 10, size=args.batch))
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     global_batch = args.batch * engine.size
@@ -109,10 +118,10 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
     options = CommunicationOptions(bytes_per_pack=args.bucket_bytes) if args.bucket_bytes else CommunicationOptions()
     after = make_strategy("MultiWorkerMirroredStrategy", engine, options)
     with after.scope():
-        model_after, opt_after = mlp(keras, args.width, args.depth), keras.optimizers.SGD(1e-4)
+        model_after, opt_after = mlp(keras, args), keras.optimizers.SGD(1e-4)
     step_after = trained_step(after, model_after, opt_after)
 
-    plain, opt_plain = mlp(keras, args.width, args.depth), keras.optimizers.SGD(1e-4)
+    plain, opt_plain = mlp(keras, args), keras.optimizers.SGD(1e-4)
 
     @tf.function(autograph=False)
     def compute_only(xb: Any, yb: Any) -> Any:
@@ -136,7 +145,7 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
             comm_before.get_concrete_function(*grads)
             model_before, opt_before = None, None
             with after.scope():
-                model_before, opt_before = mlp(keras, args.width, args.depth), keras.optimizers.SGD(1e-4)
+                model_before, opt_before = mlp(keras, args), keras.optimizers.SGD(1e-4)
             step_before = trained_step(after, model_before, opt_before)
             step_before.get_concrete_function(x, y)
         cases["communication only, one op (before)"] = lambda: comm_before(*grads)
@@ -156,7 +165,7 @@ def accumulation_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespac
 
     counted: list[bool] = []  # per engine all-reduce: does it carry gradients (a kernel)?
     real = engine.allreduce
-    kernels = {(args.width, args.width), (args.width, 10)}
+    kernels = {(args.inputs, args.width), (args.width, args.width), (args.width, 10)}
 
     def allreduce(value: Any, *a: Any, **k: Any) -> Any:
         leaves = value if isinstance(value, (list, tuple)) else [value]
@@ -168,12 +177,12 @@ def accumulation_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespac
     rng = np.random.default_rng(engine.rank)
     steps = 4
     n = args.batch * steps * 8
-    x = rng.normal(size=(n, args.width)).astype(np.float32)
+    x = rng.normal(size=(n, args.inputs)).astype(np.float32)
     y = rng.integers(0, 10, size=n)
     models = {}
     for accumulate in (4, None):
         with strategy.scope():
-            model = mlp(keras, args.width, args.depth)
+            model = mlp(keras, args)
             model.compile(optimizer=keras.optimizers.SGD(1e-4, gradient_accumulation_steps=accumulate),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         models[accumulate] = model
@@ -203,9 +212,7 @@ def accumulation_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespac
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.overlap_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="time per comparison (default 6)")
-    parser.add_argument("--width", type=int, default=1024, help="Dense width (default 1024)")
-    parser.add_argument("--depth", type=int, default=4, help="Dense layers (default 4)")
-    parser.add_argument("--batch", type=int, default=64, help="per-replica batch (default 64)")
+    model_arguments(parser)
     parser.add_argument("--bucket-bytes", type=int, default=0,
                         help="bytes_per_pack of the strategy after (default 0: automatic, 4 MiB buckets)")
     parser.add_argument("--before", default=DEFAULT_BEFORE, help=f"git revision of 'before' (default {DEFAULT_BEFORE})")

@@ -16,24 +16,26 @@ grey bar, gradients ready as ticks, collectives as coloured bars (transfer darke
 from __future__ import annotations
 
 import argparse
-import os
 import glob
+import json
+import os
 from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, mlp, traced_before
+from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, mlp, model_arguments, traced_before
 
 
-def build_step(tf: Any, keras: Any, strategy: Any, args: argparse.Namespace, mark: Callable[[str], Any]) -> Callable:
+def build_step(tf: Any, keras: Any, strategy: Any, args: argparse.Namespace, mark: Callable[[str], Any],
+               variables: list) -> Callable:
     rank, size = strategy.extended.rank, strategy.num_replicas_in_sync
     rng = np.random.default_rng(rank)
-    x = tf.constant(rng.normal(size=(args.batch, args.width)).astype(np.float32))
+    x = tf.constant(rng.normal(size=(args.batch, args.inputs)).astype(np.float32))
     y = tf.constant(rng.integers(0, 10, size=args.batch))
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     with strategy.scope():
-        model, opt = mlp(keras, args.width, args.depth), keras.optimizers.SGD(1e-4)
+        model, opt = mlp(keras, args), keras.optimizers.SGD(1e-4)
 
     def observe(name: str, t: Any) -> None:  # a stateful op that notes when `t` exists
         tf.numpy_function(lambda v, n=name: mark(n) or v, [tf.reshape(t, [-1])[:1]], t.dtype, stateful=True)
@@ -44,13 +46,43 @@ def build_step(tf: Any, keras: Any, strategy: Any, args: argparse.Namespace, mar
         observe("forward done", loss)
         grads = tape.gradient(loss, model.trainable_variables)
         for i in reversed(range(len(grads))):  # in the order backprop makes them
-            observe(f"gradient {model.trainable_variables[i].path} ready", grads[i])
+            observe(f"gradient {_path(model.trainable_variables[i])} ready", grads[i])
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
     f = tf.function(lambda xb, yb: strategy.run(replica, args=(xb, yb)), autograph=False)
     f.get_concrete_function(x, y)
+    variables[:] = model.trainable_variables
     return lambda: f(x, y)
+
+
+def _path(variable: Any) -> str:
+    """``dense_3/kernel``: the variable's path without the model's own name."""
+    return variable.path.split("/", 1)[-1]
+
+
+def profile(events: list[dict], sizes: dict[str, int], kind: str) -> dict:
+    """Rank 0's median compute profile of the steps of ``kind`` (before buckets: one collective
+    after backprop, so compute ran undisturbed): gradients ready (ms since the step's start),
+    forward, the update after the last collective."""
+    steps = sorted((e for e in events if e.get("pid") == 0 and e.get("name") == f"step {kind}"), key=lambda e: e["ts"])
+    marks = [e for e in events if e.get("pid") == 0 and e.get("cat") == "mark"]
+    calls = [e for e in events if e.get("pid") == 0 and e.get("cat") == "collective"]
+    ready: dict[str, list[float]] = {}
+    update: list[float] = []
+    for s in steps:
+        inside = [m for m in marks if s["ts"] <= m["ts"] <= s["ts"] + s["dur"]]
+        for m in inside:
+            ready.setdefault(m["name"], []).append((m["ts"] - s["ts"]) / 1e3)
+        ends = [c["ts"] + c["dur"] for c in calls if s["ts"] <= c["ts"] <= s["ts"] + s["dur"]]
+        if ends:
+            update.append((s["ts"] + s["dur"] - max(ends)) / 1e3)
+    forward = ready.pop("forward done", [0.0])
+    tensors = [{"name": n, "bytes": b, "ready_ms": round(float(np.median(ready[f"gradient {n} ready"])), 3)}
+               for n, b in sizes.items()]
+    return {"source": f"tools/overlap_timeline.py --profile, {len(steps)} steps {kind} buckets (medians), rank 0",
+            "forward_ms": round(float(np.median(forward)), 3), "update_ms": round(float(np.median(update)), 3),
+            "tensors": tensors}
 
 
 def draw(events: list[dict], out: str, size: int) -> None:
@@ -103,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="overlap_timeline.png", help="the picture to write (rank 0)")
     parser.add_argument("--trace", default="overlap_trace/trace.json", help="MPIDIST_TIMELINE path")
     parser.add_argument("--steps", type=int, default=10, help="steps of each kind (default 10)")
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=64)
+    model_arguments(parser)
+    parser.add_argument("--profile", default="", help="also write the compute profile for tools.costmodel overlap here")
     parser.add_argument("--before", default=DEFAULT_BEFORE, help=f"git revision of 'before' (default {DEFAULT_BEFORE})")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -130,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         now = recorder.now()
         recorder.span(name, track, now, now, cat="mark")
 
-    steps = {}
+    steps, variables = {}, {}
     before = before_bridge(args.before)
     if before is not None:
         with traced_before(before):
-            steps["before"] = build_step(tf, keras, strategy, args, mark)
-    steps["after"] = build_step(tf, keras, strategy, args, mark)
+            steps["before"] = build_step(tf, keras, strategy, args, mark, variables.setdefault("before", []))
+    steps["after"] = build_step(tf, keras, strategy, args, mark, variables.setdefault("after", []))
     for label, step in steps.items():
         for _ in range(3):
             step()  # warm up
@@ -151,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         files = sorted(glob.glob(os.path.join(os.path.dirname(args.trace) or ".", "*.rank*.json")))
         merged = merge(files)
         draw(merged["traceEvents"], args.out, comm.Get_size())
+        if args.profile:
+            kind = "before" if "before" in steps else "after"  # before: compute undisturbed by transfers
+            sizes = {_path(v): int(np.prod(v.shape)) * 4 for v in variables[kind]}
+            with open(args.profile, "w", encoding="utf-8") as f:
+                json.dump(profile(merged["traceEvents"], sizes, kind), f, indent=1)
+            print(f"wrote {args.profile}")
         print(f"wrote {args.out} from {len(files)} trace file(s)")
     return 0
 
