@@ -18,6 +18,9 @@ Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_bench`` (from the reposi
     on the ``tf.data`` iterator of the same local data, eagerly and inside a ``tf.function``; with
     the per-step "does any rank have data?" agreement (ranks of unknown lengths) and without it
     (every rank the same known length); and in a tf.function that also all-reduces the batch.
+(d) ``--cases token``: the ordering token alone (no token, two AssignVariableOps around the op as
+    before, the resource as the op's input as now), around raw ``Allreduce`` and around the
+    engine's allreduce, 100 per tf.function call.
 
 Every case runs in blocks of about 10 ms (after a barrier), blocks of all cases interleaved so
 machine noise hits them alike; figures are medians over blocks.
@@ -103,6 +106,47 @@ def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm,
     if mwms is not None:
         cases["TF MultiWorkerMirroredStrategy, 1 per call"] = one(mwms)
     return cases
+
+
+def _token_cases(tf: Any, comm: MPI.Intracomm, engine: Any) -> dict[str, Callable[[], Any]]:
+    """(d): the ordering token alone: 100 collectives per tf.function call in a bare
+    ``tf.numpy_function`` with no token, between two AssignVariableOps (mpidist before), and
+    taking the resource as an input (mpidist now); the collective is raw ``Allreduce`` and the
+    engine's allreduce."""
+    raw = comm.Dup()
+    handle = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name="tf_bench_token")
+    x = tf.constant(np.ones(1024, dtype=np.float32))
+
+    def mpi(q: np.ndarray) -> np.ndarray:
+        out = np.empty_like(q)
+        raw.Allreduce(q, out)
+        return out
+
+    def eng(q: np.ndarray) -> np.ndarray:
+        return np.asarray(engine.allreduce(q, "sum"))
+
+    def variant(call: Callable[[np.ndarray], np.ndarray], token: str) -> Callable[[], Any]:
+        def one(v: Any) -> Any:
+            if token == "input":
+                return tf.numpy_function(lambda h, q: call(q), [handle, v], tf.float32, stateful=True)
+            if token == "none":
+                return tf.numpy_function(call, [v], tf.float32, stateful=True)
+            with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0))]):
+                out = tf.numpy_function(call, [v], tf.float32, stateful=True)
+            with tf.control_dependencies([out]):
+                tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0))
+            return out
+
+        def run100(v: Any) -> Any:
+            for _ in range(100):
+                v = one(v) * 0.5
+            return v
+        f = tf.function(run100, autograph=False)
+        return lambda: f(x)
+
+    return {f"{what}, token: {token} (per collective)": variant(call, token)
+            for what, call in (("raw Allreduce", mpi), ("engine.allreduce", eng))
+            for token in ("none", "two AssignVariableOps", "input")}
 
 
 def _mlp(keras: Any) -> Any:
@@ -201,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=DEFAULT_BEFORE,
                         help=f"git revision whose TF bridge (a) also runs, interleaved (default {DEFAULT_BEFORE}; '' skips)")
     parser.add_argument("--cases", default="allreduce,step,input",
-                        help="comma-separated parts to run: allreduce, step, input (default: all)")
+                        help="comma-separated parts to run: allreduce, step, input, token (default: all but token)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     if comm.Get_size() > 1 and not args.no_mwms and set(args.cases.split(",")) & {"allreduce", "step"}:
@@ -234,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
             compare(comm, _step_cases(tf, keras, strategy, mwms, comm, args.global_batch), args.seconds)
     if "input" in parts:
         results["input step, per-replica batch 32 x 8 (ms)"] = compare(comm, _input_cases(tf, strategy), args.seconds)
+    if "token" in parts:
+        results["ordering token, 4 KB, 100 per call (ms)"] = compare(comm, _token_cases(tf, comm, engine), args.seconds)
     for key, value in results.items():
         if isinstance(value, dict):
             results[key] = {name: seconds * 1e3 for name, seconds in value.items()}
-    per_call = results.get("allreduce 4 KB (ms)", {})
-    for name in per_call:
-        if "(per collective)" in name:
-            per_call[name] /= 100
+    for part in ("allreduce 4 KB (ms)", "ordering token, 4 KB, 100 per call (ms)"):
+        per_call = results.get(part, {})
+        for name in per_call:
+            if "(per collective)" in name:
+                per_call[name] /= 100
     if comm.Get_rank() == 0:
         print(json.dumps(results, indent=1) if args.json else _table(results), flush=True)
     return 0
