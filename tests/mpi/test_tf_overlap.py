@@ -79,6 +79,19 @@ def test_bucketed_equals_unbucketed(eng, comm, exact):
             np.testing.assert_array_equal(a.numpy(), t)
 
 
+def test_bucketed_equals_unbucketed_across_the_hierarchical_threshold(eng, comm):
+    """Buckets of 800 KB against one 2.4 MB pack: on fake nodes (MPIDIST_LOCAL_SIZE=2) the engine
+    reduces the first flat and the second hierarchically (rc.hierarchical_threshold, 1 MiB); the
+    bits still agree, on random floats."""
+    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    rng = np.random.default_rng(7 + comm.Get_rank())
+    xs = [tf.constant((rng.normal(size=200_000) * 10 ** rng.uniform(-3, 3)).astype(np.float32)) for _ in range(3)]
+    bucketed = all_reduce_fn(strategy, CommunicationOptions(bytes_per_pack=512 * 1024))
+    assert len(collective_ops(bucketed.get_concrete_function(*xs))) == 3
+    for a, b in zip(bucketed(*xs), all_reduce_fn(strategy, ONE)(*xs)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_each_bucket_waits_only_for_its_own_tensors(eng, comm):
     """The first collective (the list's last tensors) must not depend on the first tensor's op:
     it can run while the rest of the backward pass does."""
