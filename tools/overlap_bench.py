@@ -4,7 +4,8 @@ Run under mpirun from the repository root, e.g.
 ``mpirun -n 2 python -m tools.overlap_bench`` (rank 0 prints).
 
 One training step of an MLP (``--inputs`` features, ``--depth`` Dense layers of ``--width``, a
-Dense(10); SGD, per-replica batch ``--batch``) in a ``tf.function``, cases interleaved in ~10 ms blocks (medians over blocks):
+Dense(10); SGD, per-replica batch ``--batch``) in a ``tf.function``, cases interleaved in ~10 ms
+blocks (medians over blocks):
 
 - compute only: the same step without a strategy (gradients and the SGD update, no communication);
 - communication only: the all-reduce of a gradient-shaped list through the strategy's replica

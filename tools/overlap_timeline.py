@@ -42,7 +42,8 @@ def build_step(tf: Any, keras: Any, strategy: Any, args: argparse.Namespace, mar
 
     def replica(xb: Any, yb: Any) -> Any:
         with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)), global_batch_size=args.batch * size)
+            loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)),
+                                              global_batch_size=args.batch * size)
         observe("forward done", loss)
         grads = tape.gradient(loss, model.trainable_variables)
         for i in reversed(range(len(grads))):  # in the order backprop makes them

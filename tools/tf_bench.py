@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="TensorFlow intra- and inter-op threads per rank (default 0: TensorFlow's choice)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--before", default=DEFAULT_BEFORE,
-                        help=f"git revision whose TF bridge (a) also runs, interleaved (default {DEFAULT_BEFORE}; '' skips)")
+                        help=f"git revision whose TF bridge (a) also runs, interleaved "
+                             f"(default {DEFAULT_BEFORE}; '' skips)")
     parser.add_argument("--cases", default="allreduce,step,input",
                         help="comma-separated parts to run: allreduce, step, input, token (default: all but token)")
     args = parser.parse_args(argv)

@@ -13,8 +13,9 @@ collective as soon as ITS gradients exist, while the rest of the backward pass s
   ``CommunicationOptions(bytes_per_pack=...)`` or ``mpidist.rc.bytes_per_pack``); with 0
   (automatic, the default) at :data:`DEFAULT_BUCKET_BYTES` (4 MiB). So a bucket exceeds the
   limit by less than its last tensor, and a layer's small bias joins the next kernel's bucket
-  instead of travelling alone (PyTorch DDP's rule; its default cap is 25 MB). ``num_packs`` set: no buckets (one op, whose engine call
-  splits the list into that many packs, as TensorFlow's cross-device ops do).
+  instead of travelling alone (PyTorch DDP's rule; its default cap is 25 MB). With ``num_packs``
+  set there are no buckets (one op, whose engine call splits the list into that many packs, as
+  TensorFlow's cross-device ops do).
 - Only the ORDER of the collectives is fixed (the bridge's ordering token,
   collectives.py): bucket 1, then 2, ... on every rank.
 - Plans are made from static sizes, so every rank makes the same one; a list with a tensor of
@@ -23,7 +24,8 @@ collective as soon as ITS gradients exist, while the rest of the backward pass s
 Each element's reduction is the same as without buckets (an element-wise reduction over the
 same ranks), so results are equal bit for bit as long as MPI sums an element's ranks in the same
 order whatever the message size. Open MPI 5 on one machine does (tests/mpi/test_tf_overlap.py at
--n 1, 2, 4 and 4 with two fake nodes; raw ``Allreduce`` of 1 KB to 24 MB checked at -n 4). An MPI
+-n 1, 2, 4 and 4 with two fake nodes, where 800 KB buckets go flat and one 2.4 MB pack goes
+hierarchical; raw ``Allreduce`` of 1 KB to 24 MB checked at -n 4). An MPI
 that picks a different algorithm per message size (e.g. a ring for large messages across nodes)
 may sum in another order, and with more than 2 ranks an element can then differ in its last bit;
 with 1 or 2 ranks (a + b == b + a) or with sums that are exact (integers) it cannot.

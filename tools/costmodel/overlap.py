@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.costmodel overlap", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", help="JSON from tools/overlap_timeline.py --profile (default: built in)")
     parser.add_argument("--preset", default="dgx-h100", help="cost-model preset (default dgx-h100)")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 64, 512], help="rank counts (default 2 8 64 512)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 64, 512],
+                        help="rank counts (default 2 8 64 512)")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the preset's")
     parser.add_argument("--algorithm", default="hierarchical", help="model algorithm (default hierarchical)")
     parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, help="default 4 MiB")
