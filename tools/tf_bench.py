@@ -5,7 +5,8 @@ Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_bench`` (from the reposi
 (a) all_reduce of one 4 KB float32 tensor inside a ``tf.function``, through the mpidist strategy's
     replica context (``strategy.run`` + ``ReplicaContext.all_reduce``), against raw mpi4py
     ``Allreduce`` of the same bytes; also the cost per collective when a tf.function issues 100 of
-    them, and TensorFlow's MultiWorkerMirroredStrategy doing the same.
+    them (this checkout, and the bridge at ``--before``, traced into the same process), and
+    TensorFlow's MultiWorkerMirroredStrategy doing the same.
 (b) one custom-training-loop step of an MLP 784-512-512-10 (0.67 M parameters, global batch 256,
     SGD): the mpidist strategy (TensorFlow's tutorial loop: strategy.run, the Keras optimizer
     all-reducing gradients, strategy.reduce of the loss); a hand-written mpi4py loop (gradients
@@ -17,6 +18,9 @@ Run under mpirun, e.g. ``mpirun -n 2 python -m tools.tf_bench`` (from the reposi
     on the ``tf.data`` iterator of the same local data, eagerly and inside a ``tf.function``; with
     the per-step "does any rank have data?" agreement (ranks of unknown lengths) and without it
     (every rank the same known length); and in a tf.function that also all-reduces the batch.
+(d) ``--cases token``: the ordering token alone (no token, two AssignVariableOps around the op as
+    before, the resource as the op's input as now), around raw ``Allreduce`` and around the
+    engine's allreduce, 100 per tf.function call.
 
 Every case runs in blocks of about 10 ms (after a barrier), blocks of all cases interleaved so
 machine noise hits them alike; figures are medians over blocks.
@@ -33,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist.bench.timing import compare
+from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, traced_before
 
 
 def tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
@@ -55,7 +60,8 @@ def tf_own_mwms(tf: Any) -> Any:
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
 
 
-def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> dict[str, Callable[[], Any]]:
+def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm,
+                     before: Any = None, before_rev: str = "") -> dict[str, Callable[[], Any]]:
     a = np.ones(1024, dtype=np.float32)
     out = np.empty_like(a)
     x = tf.constant(a)
@@ -83,6 +89,11 @@ def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> 
 
     mpidist_body = chain(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v))
     f100 = tf.function(lambda v: strategy.run(mpidist_body, args=(v,)), autograph=False)
+    f100_before = None
+    if before is not None:  # the bridge at `before_rev`, traced in (tools/overlap_bench.py)
+        with traced_before(before):
+            f100_before = tf.function(lambda v: strategy.run(mpidist_body, args=(v,)), autograph=False)
+            f100_before.get_concrete_function(x)
     raw1 = tf.function(raw_in_graph, autograph=False)
     raw100 = tf.function(chain(raw_in_graph), autograph=False)
     cases = {"raw mpi4py Allreduce": lambda: raw.Allreduce(a, out),
@@ -90,9 +101,52 @@ def _allreduce_cases(tf: Any, strategy: Any, mwms: Any, comm: MPI.Intracomm) -> 
              "mpidist, 1 per tf.function call": one(strategy),
              "raw Allreduce in a tf.numpy_function, 100 per call (per collective)": lambda: raw100(x),
              "mpidist, 100 per tf.function call (per collective)": lambda: f100(x)}
+    if f100_before is not None:
+        cases[f"mpidist before ({before_rev}), 100 per call (per collective)"] = lambda: f100_before(x)
     if mwms is not None:
         cases["TF MultiWorkerMirroredStrategy, 1 per call"] = one(mwms)
     return cases
+
+
+def _token_cases(tf: Any, comm: MPI.Intracomm, engine: Any) -> dict[str, Callable[[], Any]]:
+    """(d): the ordering token alone: 100 collectives per tf.function call in a bare
+    ``tf.numpy_function`` with no token, between two AssignVariableOps (mpidist before), and
+    taking the resource as an input (mpidist now); the collective is raw ``Allreduce`` and the
+    engine's allreduce."""
+    raw = comm.Dup()
+    handle = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name="tf_bench_token")
+    x = tf.constant(np.ones(1024, dtype=np.float32))
+
+    def mpi(q: np.ndarray) -> np.ndarray:
+        out = np.empty_like(q)
+        raw.Allreduce(q, out)
+        return out
+
+    def eng(q: np.ndarray) -> np.ndarray:
+        return np.asarray(engine.allreduce(q, "sum"))
+
+    def variant(call: Callable[[np.ndarray], np.ndarray], token: str) -> Callable[[], Any]:
+        def one(v: Any) -> Any:
+            if token == "input":
+                return tf.numpy_function(lambda h, q: call(q), [handle, v], tf.float32, stateful=True)
+            if token == "none":
+                return tf.numpy_function(call, [v], tf.float32, stateful=True)
+            with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0))]):
+                out = tf.numpy_function(call, [v], tf.float32, stateful=True)
+            with tf.control_dependencies([out]):
+                tf.raw_ops.AssignVariableOp(resource=handle, value=tf.constant(0))
+            return out
+
+        def run100(v: Any) -> Any:
+            for _ in range(100):
+                v = one(v) * 0.5
+            return v
+        f = tf.function(run100, autograph=False)
+        return lambda: f(x)
+
+    return {f"{what}, token: {token} (per collective)": variant(call, token)
+            for what, call in (("raw Allreduce", mpi), ("engine.allreduce", eng))
+            for token in ("none", "two AssignVariableOps", "input")}
 
 
 def _mlp(keras: Any) -> Any:
@@ -188,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow intra- and inter-op threads per rank (default 0: TensorFlow's choice)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--before", default=DEFAULT_BEFORE,
+                        help=f"git revision whose TF bridge (a) also runs, interleaved "
+                             f"(default {DEFAULT_BEFORE}; '' skips)")
     parser.add_argument("--cases", default="allreduce,step,input",
-                        help="comma-separated parts to run: allreduce, step, input (default: all)")
+                        help="comma-separated parts to run: allreduce, step, input, token (default: all but token)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     if comm.Get_size() > 1 and not args.no_mwms and set(args.cases.split(",")) & {"allreduce", "step"}:
@@ -215,19 +272,23 @@ def main(argv: list[str] | None = None) -> int:
     strategy = make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions())
     results: dict[str, Any] = {"ranks": comm.Get_size(), "threads": args.threads or "TensorFlow's default"}
     if "allreduce" in parts:
-        results["allreduce 4 KB (ms)"] = compare(comm, _allreduce_cases(tf, strategy, mwms, comm), args.seconds)
+        results["allreduce 4 KB (ms)"] = compare(
+            comm, _allreduce_cases(tf, strategy, mwms, comm, before_bridge(args.before), args.before), args.seconds)
     if "step" in parts:
         results[f"MLP step, global batch {args.global_batch} (ms)"] = \
             compare(comm, _step_cases(tf, keras, strategy, mwms, comm, args.global_batch), args.seconds)
     if "input" in parts:
         results["input step, per-replica batch 32 x 8 (ms)"] = compare(comm, _input_cases(tf, strategy), args.seconds)
+    if "token" in parts:
+        results["ordering token, 4 KB, 100 per call (ms)"] = compare(comm, _token_cases(tf, comm, engine), args.seconds)
     for key, value in results.items():
         if isinstance(value, dict):
             results[key] = {name: seconds * 1e3 for name, seconds in value.items()}
-    per_call = results.get("allreduce 4 KB (ms)", {})
-    for name in per_call:
-        if "(per collective)" in name:
-            per_call[name] /= 100
+    for part in ("allreduce 4 KB (ms)", "ordering token, 4 KB, 100 per call (ms)"):
+        per_call = results.get(part, {})
+        for name in per_call:
+            if "(per collective)" in name:
+                per_call[name] /= 100
     if comm.Get_rank() == 0:
         print(json.dumps(results, indent=1) if args.json else _table(results), flush=True)
     return 0

@@ -6,12 +6,17 @@ packs them by ``bytes_per_pack``), in the order the program issues them:
 - eagerly, the tensors' NumPy values go straight to the engine and the results come back as
   constants;
 - inside a ``tf.function``, one stateful ``tf.numpy_function`` op makes the call when the graph
-  runs, between two writes to one per-process resource (the ordering token; TensorFlow's own
-  collectives take an ordering token too). Automatic control dependencies serialize every use of
-  a resource in program order, so all collectives run in that order, and so do the ``tf.cond`` /
-  ``tf.while_loop`` ops that contain them, which they would otherwise run concurrently (Keras'
-  ``steps_per_execution`` loop runs a step and the next ``get_next_as_optional`` in two conds
-  that share no other resource). So every rank issues its collectives in the same sequence.
+  runs. Its first input is one per-process resource handle, the ordering token (TensorFlow's own
+  collectives take an ordering token too); the function ignores its value. Automatic control
+  dependencies treat an op that takes a resource as a write to it and serialize every use of a
+  resource in program order, so all collectives run in that order, and so do the ``tf.cond`` /
+  ``tf.while_loop`` ops that contain them (they capture the handle), which they would otherwise
+  run concurrently (Keras' ``steps_per_execution`` loop runs a step and the next
+  ``get_next_as_optional`` in two conds that share no other resource). So every rank issues its
+  collectives in the same sequence. Nothing else orders them: a collective starts as soon as its
+  inputs exist and the previous collective has finished (buckets.py overlaps backprop that way).
+  (Taking the handle as an input replaces two ``AssignVariableOp`` writes around the op, which
+  cost two more ops and their control edges per collective: docs/overlap.md.)
   ``numpy_function`` loses static shapes: they are restored with ``set_shape`` (and results are
   reshaped, since NumPy may turn a 0-d array into a 1-d one).
 
@@ -95,13 +100,14 @@ def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensor
     timed = options.timeout_seconds is not None or rc.timeout_seconds is not None
     if timed:  # a deadline must reach the program as tf.errors.DeadlineExceededError (deadline_op.py)
         func = deadline_op.reporting(func)
-    token = ordering_token()
-    with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))]):
-        outs = _tf_private.numpy_op(func, wire, [t.dtype for t in wire] + ([tf.bool] if timed else []), name)
+
+    def ordered(token: Any, *arrays: np.ndarray) -> Any:  # the token's value is not used
+        return func(*arrays)
+
+    outs = _tf_private.numpy_op(ordered, [ordering_token()] + wire,
+                                [t.dtype for t in wire] + ([tf.bool] if timed else []), name)
     if timed:
         outs = deadline_op.raise_if_late(outs[-1], outs[:-1], name)
-    with tf.control_dependencies(outs):  # the next collective's first write waits for this one
-        tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))
     for out, t in zip(outs, wire):
         out.set_shape(shapes(t.shape))
     return _from_wire(outs, original)

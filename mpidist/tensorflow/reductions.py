@@ -18,7 +18,7 @@ import tensorflow as tf
 from ..cross_device.options import CommunicationOptions, as_options
 from ..cross_device.reduce_op import ReduceOp, as_reduce_op
 from ..validation import is_integer
-from . import collectives
+from . import buckets, collectives
 from .collectives import CallOptions
 
 _LOCAL: dict[ReduceOp, Callable[..., tf.Tensor]] = {
@@ -84,8 +84,9 @@ def reduce_tensors(engine: Any, op: ReduceOp, tensors: Sequence[tf.Tensor], axis
                    options: CallOptions, where: str) -> list[tf.Tensor]:
     """Reduce every tensor over all ranks (and along ``axis`` when given) in ONE engine call."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    if axis is None:
-        return collectives.allreduce(engine, tensors, engine_op(op), options, where)
+    if axis is None:  # in buckets, backprop order first (buckets.py): each its own collective op
+        return buckets.run_bucketed(lambda part: collectives.allreduce(engine, part, engine_op(op), options, where),
+                                    tensors, options)
     tensors = [tf.reshape(t, [1]) if t.shape.rank == 0 and axis in (0, -1, (0,), (-1,)) else t for t in tensors]
     for i, t in enumerate(tensors):
         _check_axis(t, axis, where, i)

@@ -1,4 +1,5 @@
-"""``python -m tools.costmodel [fit] [options]``: predictions from the cost model, or its fit to sweeps."""
+"""``python -m tools.costmodel [fit|overlap] [options]``: predictions from the cost model, its fit to sweeps,
+or a step with gradient buckets overlapping backprop (overlap.py)."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +10,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fit"]:
         from .fit import main as fit_main
         return fit_main(argv[1:])
+    if argv[:1] == ["overlap"]:
+        from .overlap import main as overlap_main
+        return overlap_main(argv[1:])
     from .simulate import main as simulate_main
     return simulate_main(argv)
 
