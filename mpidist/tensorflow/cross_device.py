@@ -42,15 +42,20 @@ class OpsEngine:
     def size(self) -> int:
         return self.ops.engine.size
 
-    def _options(self, bytes_per_pack: int | None, timeout_seconds: float | None) -> CommunicationOptions:
+    def _options(self, bytes_per_pack: int | None, timeout_seconds: float | None,
+                 call: CallOptions | None = None) -> CommunicationOptions:
         base = self.options
+        compression = call.compression if call is not None and call.compression is not None else base.compression
         return CommunicationOptions(bytes_per_pack or base.bytes_per_pack,
                                     base.timeout_seconds if timeout_seconds is None else timeout_seconds,
-                                    base.implementation)
+                                    base.implementation, compression=compression)
 
     def allreduce(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
-                  timeout_seconds: float | None = None, **_engine_choices: Any) -> Any:
-        return self.ops.reduce_arrays(op, value, self._options(bytes_per_pack, timeout_seconds))
+                  timeout_seconds: float | None = None, options: CallOptions | None = None,
+                  **_engine_choices: Any) -> Any:
+        """``options``: the engine's per-call options; only their ``compression`` applies here (the
+        ops object's own algorithm and packing win)."""
+        return self.ops.reduce_arrays(op, value, self._options(bytes_per_pack, timeout_seconds, options))
 
     def broadcast(self, value: Any, root: int = 0, *, timeout_seconds: float | None = None,
                   **_engine_choices: Any) -> Any:

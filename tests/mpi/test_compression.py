@@ -196,6 +196,19 @@ def test_communication_options_reach_the_tensorflow_strategy(eng, comm):
     assert np.array_equal(strategy.experimental_local_results(step())[0].numpy(), expected)
 
 
+def test_communication_options_reach_a_strategy_with_cross_device_ops(eng, comm):
+    """With ``cross_device_ops=``, the strategy's CommunicationOptions(compression=...) still reach
+    the engine (the ops' own options carry no compression; rc's default is off)."""
+    tf = pytest.importorskip("tensorflow")
+    from mpidist.tensorflow import make_strategy
+    n = comm.Get_size()
+    x = tf.constant(np.full(4, 1 + 2.0 ** -20, dtype=np.float32))
+    expected = np.full(4, n * (1 + 2.0 ** -20) if n == 1 else n, np.float32)
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(compression="bfloat16"),
+                             cross_device_ops=mpidist.MPIAllReduce())
+    assert np.array_equal(strategy.reduce("sum", x, axis=None).numpy(), expected)
+
+
 def test_timeline_names_compression_and_its_transfers(comm):
     """The timeline's span of a compressed allreduce says so and shows Alltoallv + Allgatherv."""
     directory = comm.bcast(tempfile.mkdtemp(prefix="mpidist-compression-") if comm.Get_rank() == 0 else None)
