@@ -11,8 +11,9 @@
   ``momentum`` into the train function as a constant, so here the velocity slots are multiplied by
   ``new / old`` instead, which is the same update for ``keras.optimizers.SGD``
   (``v = momentum * v - lr * g``). For ``nesterov=True`` the velocity is corrected, its look-ahead
-  term is not. Other optimizers with a nonzero ``momentum`` are refused (pass
-  ``momentum_correction=False``); optimizers without one are left alone, as in Horovod.
+  term is not. Other optimizers with a nonzero ``momentum`` (RMSprop) train without the correction
+  and the chief logs a warning saying so (the script still runs, as it did under Horovod; pass
+  ``momentum_correction=False`` to silence it); optimizers without one are left alone, as in Horovod.
 """
 from __future__ import annotations
 
@@ -87,8 +88,11 @@ def _has_momentum(optimizer: Any, where: str) -> bool:
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool) or momentum == 0:
         return False
     if not isinstance(optimizer, keras.optimizers.SGD):
-        raise ValueError(f"{where}: momentum_correction is applied to keras.optimizers.SGD only; "
-                         f"{type(optimizer).__name__} has momentum={momentum} (pass momentum_correction=False)")
+        if basics.rank() == 0:
+            _log.warning("%s: momentum_correction is applied to keras.optimizers.SGD only; %s has "
+                         "momentum=%s, so the learning rate changes without it (pass "
+                         "momentum_correction=False to silence this)", where, type(optimizer).__name__, momentum)
+        return False
     return True
 
 
