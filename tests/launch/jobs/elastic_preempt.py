@@ -1,7 +1,8 @@
 """Preemption: ``mpidist.elastic.on_preemption(state, PATH)``; a SIGUSR1 to every rank makes the chief
 write the last commit to PATH and the job exit 0; a relaunch resumes from it.
 
-Usage: elastic_preempt.py PATH STEPS. Gradients as in elastic_numpy.py. Every rank prints
+Usage: elastic_preempt.py PATH STEPS, or PATH +K: no end before a preemption, K more steps after
+a resume (one command line for a job and its requeued run). Gradients as in elastic_numpy.py. Every rank prints
 ``READY rank pid`` after its first commit, ``EXIT step=..`` when it leaves (preempted or not), and
 ``RESULT {json}`` when training finishes.
 """
@@ -15,7 +16,7 @@ from mpi4py import MPI
 import mpidist
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-path, steps = sys.argv[1], int(sys.argv[2])
+path, steps_arg = sys.argv[1], sys.argv[2]
 me = MPI.COMM_WORLD.Get_rank()
 
 
@@ -27,6 +28,10 @@ strategy = mpidist.MultiWorkerMirroredStrategy()
 state = mpidist.elastic.ObjectState(strategy, step=0, w=np.zeros(4))
 preemption = mpidist.elastic.on_preemption(state, path)
 start = {"step": state.step, "w": state.w.tolist(), "resumed": preemption.resumed}
+if not steps_arg.startswith("+"):
+    steps = int(steps_arg)
+else:
+    steps = state.step + int(steps_arg[1:]) if preemption.resumed else 2 ** 62
 
 
 @mpidist.elastic.run
