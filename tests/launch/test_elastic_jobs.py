@@ -194,11 +194,22 @@ def keras_fit_reference(epochs: int) -> list:
     return [kernel, bias]
 
 
-def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks():
+@pytest.mark.parametrize("per_commit, kill, resumed", [
+    (1, (1, 2), {(1, 1), (1, 2)}),  # at the death's batch, or the one before if the death cut it short
+    (2, (1, 3), {(1, 2)}),          # the commit of batch 2; batch 3's start is lost and redone
+    (3, (0, 2), {(0, 0)}),          # first epoch, before any commit but the start's: from the start
+])
+def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks(per_commit, kill, resumed):
+    """A death before batch ``kill[1]`` of epoch ``kill[0]``, committing every ``per_commit`` batches
+    (and at each epoch's end): the survivors roll back to rank 0's last commit, losing at most
+    ``per_commit - 1`` finished batches, and redo them from the rolled-back weights on the same global
+    batches; so the reference with that rollback is the run without a death."""
     pytest.importorskip("tensorflow")
-    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", "1:1:2", timeout=400)
+    epoch, batch = kill
+    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", f"1:{epoch}:{batch}",
+                             f"--batches-per-commit={per_commit}", timeout=400)
     got = results(output)
-    assert "KILLING rank=1 epoch=1 batch=2" in output, output[-3000:]
+    assert f"KILLING rank=1 epoch={epoch} batch={batch}" in output, output[-3000:]
     assert sorted(r["rank"] for r in got) == [0, 2], output[-3000:]
     first = got[0]
     for r in got:  # identical on every survivor, on the 2-rank communicator, training finished
@@ -206,10 +217,10 @@ def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3
         assert r["starts"] == first["starts"], output
     starts = first["starts"]
     assert [s["size"] for s in starts] == [3, 2], starts
-    # resumed at the lowest survivor's (rank 0's) last commit, in the epoch of the death, at its
-    # batch or the one before (a survivor may not have committed the batch the death cut short)
-    assert (starts[1]["epoch"], starts[1]["batch"]) == tuple(starts[1]["last_seen"]), starts
-    assert starts[1]["epoch"] == 1 and starts[1]["batch"] in (1, 2), starts
+    # resumed at the lowest survivor's (rank 0's) last commit, a commit point of the epoch of the death
+    at = (starts[1]["epoch"], starts[1]["batch"])
+    assert at == tuple(starts[1]["last_seen"]) and at in resumed, starts
+    assert at[1] % per_commit == 0 and 0 <= batch - at[1] <= per_commit, starts
     # rolled back weights and position together: the same updates as an uninterrupted run
     for w, a in zip(keras_fit_reference(3), first["weights"]):
         assert np.all(np.isfinite(a))

@@ -24,6 +24,8 @@ LAUNCH_JOBS = REPO / "tests" / "launch" / "jobs"
 SRUN_ULFM = Path(__file__).resolve().parent / "jobs" / "srun_ulfm.sbatch"
 # 4 CPUs advertised on 2 cores: no binding; more ranks than cores: yield while waiting
 MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
+# the template's `--signal=B:USR1@120` signals a job at its start when its time limit is 2 minutes
+TIME = "--time=10"
 
 
 def results(output: str) -> list[dict]:
@@ -44,7 +46,7 @@ def replay(w: list, ranks: list[int], start: int, stop: int) -> np.ndarray:
 def test_elastic_template_survivors_of_sigkilled_ranks_finish(sbatch: Sbatch, n: int, steps: int,
                                                               kills: dict[int, int]) -> None:
     job = sbatch("elastic.sbatch", str(LAUNCH_JOBS / "elastic_numpy.py"), str(steps),
-                 *[f"{r}:{s}" for r, s in kills.items()], n=n, env={"MPIRUN_ARGS": MPIRUN_ARGS}, timeout=120)
+                 *[f"{r}:{s}" for r, s in kills.items()], n=n, env={"MPIRUN_ARGS": MPIRUN_ARGS}, options=[TIME], timeout=120)
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job
     assert "--with-ft ulfm --mca mpi_ft_detector true" in job.output, job  # the template's launch line
     assert "ULFM active (mpirun --with-ft ulfm, failure detector on)" in job.output, job
@@ -97,11 +99,13 @@ def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Calla
     requeued run start 3 s later (Slurm holds a requeued job for 2 minutes) and finish."""
     job_id = slurm.sbatch(TEMPLATES / "elastic.sbatch", str(LAUNCH_JOBS / "elastic_preempt.py"),
                           str(checkpoint), "+5", cwd=REPO, env={"PYTHON": _python(), "MPIRUN_ARGS": MPIRUN_ARGS},
-                          options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1"])
+                          options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME])
     out = slurm.output_path(job_id)
     slurm.wait_for(job_id, lambda f: len(re.findall(r"^READY ", _read(out), re.M)) >= n
-                   or f.get("JobState") not in ("PENDING", "RUNNING"), 90, f"READY from {n} ranks")
-    assert slurm.job_fields(job_id).get("JobState") == "RUNNING", _read(out)
+                   or f.get("JobState") not in ("PENDING", "RUNNING") or f.get("Restarts") != "0",
+                   90, f"READY from {n} ranks")
+    fields = slurm.job_fields(job_id)
+    assert (fields.get("JobState"), fields.get("Restarts")) == ("RUNNING", "0"), f"{fields}\n{_read(out)}"
     preempt(job_id)
     fields = slurm.wait_for(job_id, lambda f: f.get("Restarts", "0") != "0" and f.get("JobState") == "PENDING"
                             or f.get("Restarts") == "0" and f.get("JobState") in FINAL_STATES, 60, "the requeue")
