@@ -91,9 +91,9 @@ def check_numpy_job(n: int, steps: int, kills: dict[int, int], env: dict | None 
     segments = first["segments"]
     assert len(segments) == len(kills) + 1, output  # one recovery per death
     assert segments[0]["step"] == 0 and segments[0]["ranks"] == list(range(n))
-    dead: set[int] = set()
-    for seg, after in zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}]):
-        dead |= {r for r, s in kills.items() if s <= seg["step"]}
+    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
+    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
+        dead = set(in_order[:i])
         assert seg["ranks"] == [r for r in range(n) if r not in dead], output
         # the next segment starts from a commit the dying rank never reached
         np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
@@ -107,6 +107,11 @@ def test_numpy_loop_survives_a_sigkill_at_3_ranks():
 
 def test_numpy_loop_survives_two_deaths_at_4_ranks_chief_included():
     check_numpy_job(4, 30, {0: 5, 2: 17})
+
+
+def test_numpy_loop_survives_a_death_before_the_first_step():
+    # no commit yet but the one elastic.run makes at the start: the survivors start over from it
+    check_numpy_job(3, 10, {2: 0})
 
 
 def test_numpy_loop_two_deaths_on_faked_nodes():

@@ -61,9 +61,9 @@ def test_elastic_template_survivors_of_sigkilled_ranks_finish(sbatch: Sbatch, n:
         assert _without_times(r["segments"]) == _without_times(first["segments"]), job
     segments = first["segments"]
     assert len(segments) == len(kills) + 1, job  # one recovery per death
-    dead: set[int] = set()
-    for seg, after in zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}]):
-        dead |= {r for r, s in kills.items() if s <= seg["step"]}
+    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
+    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
+        dead = set(in_order[:i])
         assert seg["ranks"] == [r for r in range(n) if r not in dead], job
         # each segment: from the state it (re)started at, with the ranks that took part in it
         np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
