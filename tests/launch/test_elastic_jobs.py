@@ -284,3 +284,45 @@ def test_sigusr1_to_every_rank_writes_the_last_commit_exits_0_and_a_relaunch_res
         assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
         assert r["step"] == steps
         np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, steps))
+
+
+def test_sigterm_to_mpirun_during_a_long_step_leaves_the_chiefs_last_commit(tmp_path):
+    """mpirun forwards a SIGTERM and SIGKILLs its ranks about 0.2 s later, inside their 60 s step:
+    the checkpoint is what the chief's handler wrote at the signal, and a relaunch resumes from it."""
+    import queue
+    import threading
+    n, path = 3, str(tmp_path / "preempted.pkl")
+    script = str(JOBS / "elastic_preempt.py")
+    proc = subprocess.Popen(mpirun_command(n) + [sys.executable, script, path, "+3", "--step-seconds=60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_environ(),
+                            start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    seen, ready, deadline = [], 0, time.monotonic() + 240
+    try:
+        while ready < n:  # every rank has committed twice and is in its long step
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            ready += line.startswith("READY ")
+        proc.send_signal(signal.SIGTERM)  # mpirun itself, as `kill` or a scheduler would
+        rc = proc.wait(timeout=60)
+    except (queue.Empty, subprocess.TimeoutExpired):
+        kill_job(proc, marker=script)
+        pytest.fail("the job did not end after SIGTERM to mpirun\n" + "".join(seen)[-3000:])
+    while (line := lines.get(timeout=30)) is not None:
+        seen.append(line)
+    output = "".join(seen)
+    assert rc != 0 and "EXIT " not in output, output  # the ranks were killed inside their step
+    from mpidist.elastic import read_checkpoint
+    snapshot = read_checkpoint(path)
+    stopped = snapshot["step"]
+    assert stopped >= 2, (snapshot, output)  # READY comes after the second commit
+    np.testing.assert_array_equal(snapshot["w"], replay(np.zeros(4), list(range(n)), 0, stopped))
+    out = subprocess.run(mpirun_command(n) + [sys.executable, script, path, "+3"], capture_output=True,
+                         text=True, env=_environ(), timeout=240)
+    got = results(out.stdout)
+    assert out.returncode == 0 and sorted(r["rank"] for r in got) == list(range(n)), out.stdout + out.stderr
+    for r in got:
+        assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
+        np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, stopped + 3))

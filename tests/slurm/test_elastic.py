@@ -93,12 +93,13 @@ def _python() -> str:
     return sys.executable
 
 
-def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Callable[[str], None]) -> JobResult:
+def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Callable[[str], None],
+                   *job_args: str) -> JobResult:
     """Submit elastic.sbatch with elastic_preempt.py (no end before a preemption, 5 steps after a
     resume); once every rank has committed, ``preempt(job_id)``; wait for the requeue, let the
     requeued run start 3 s later (Slurm holds a requeued job for 2 minutes) and finish."""
     job_id = slurm.sbatch(TEMPLATES / "elastic.sbatch", str(LAUNCH_JOBS / "elastic_preempt.py"),
-                          str(checkpoint), "+5", cwd=REPO, env={"PYTHON": _python(), "MPIRUN_ARGS": MPIRUN_ARGS},
+                          str(checkpoint), "+5", *job_args, cwd=REPO, env={"PYTHON": _python(), "MPIRUN_ARGS": MPIRUN_ARGS},
                           options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME])
     out = slurm.output_path(job_id)
     slurm.wait_for(job_id, lambda f: len(re.findall(r"^READY ", _read(out), re.M)) >= n
@@ -110,6 +111,7 @@ def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Calla
     fields = slurm.wait_for(job_id, lambda f: f.get("Restarts", "0") != "0" and f.get("JobState") == "PENDING"
                             or f.get("Restarts") == "0" and f.get("JobState") in FINAL_STATES, 60, "the requeue")
     assert fields.get("Restarts") != "0", f"job {job_id} ended without a requeue: {fields}\n{_read(out)}\n{slurm.logs()}"
+    assert checkpoint.exists(), f"job {job_id} was requeued without writing {checkpoint}:\n{_read(out)}"
     # not "now": a start in the second of the requeue is refused ("Job credential revoked")
     slurm.command("scontrol", "update", f"JobId={job_id}", "StartTime=now+3")
     job = slurm.wait(job_id, 120)
@@ -162,10 +164,23 @@ def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_re
 def test_requeue_sigterm_to_every_process_checkpoints_and_the_requeued_run_resumes(
         slurm: SlurmCluster, tmp_path: Path) -> None:
     # `scontrol requeue` ends the job as a preemption with PreemptMode=REQUEUE does: SIGTERM to every
-    # process of the job (batch shell, mpirun, ranks), SIGKILL after KillWait. mpirun kills its
-    # ranks about 0.2 s after its SIGTERM, so the checkpoint is written only because this job
-    # commits every few milliseconds (see docs/elastic.md, "Preemption").
+    # process of the job (batch shell, mpirun, ranks), SIGKILL after KillWait. mpirun exits at once;
+    # the ranks go on to their next commit, agree, write the checkpoint and leave.
     n, checkpoint = 3, tmp_path / "elastic.pkl"
     job = _preempted_job(slurm, n, checkpoint, lambda job_id: slurm.command("scontrol", "requeue", job_id))
     _check_resumed(job, n, checkpoint)
     assert "DUE TO JOB REQUEUE" in job.output, job
+
+
+def test_requeue_sigterm_during_a_step_longer_than_killwait_the_chief_writes_its_last_commit_at_once(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    # Steps of 60 s after READY: Slurm SIGKILLs the ranks KillWait (5 s here) after the SIGTERM,
+    # long before the next commit, so the checkpoint is the one the chief's SIGTERM handler wrote
+    # at once (its last commit); the requeued run resumes from it.
+    assert "KillWait=5" in slurm.conf.read_text()
+    n, checkpoint = 3, tmp_path / "elastic.pkl"
+    job = _preempted_job(slurm, n, checkpoint, lambda job_id: slurm.command("scontrol", "requeue", job_id),
+                         "--step-seconds=60")
+    _check_resumed(job, n, checkpoint)
+    first_run = job.output[:job.output.index("DUE TO JOB REQUEUE")]
+    assert "EXIT " not in first_run, job  # killed inside the step: no rank reached the next commit

@@ -2,13 +2,16 @@
 write the last commit to PATH and the job exit 0; a relaunch resumes from it.
 
 Usage: elastic_preempt.py PATH STEPS, or PATH +K: no end before a preemption, K more steps after
-a resume (one command line for a job and its requeued run). Gradients as in elastic_numpy.py. Every rank prints
+a resume (one command line for a job and its requeued run); ``--step-seconds=S``: in a run that
+did not resume, each step after the READY line also computes for S seconds (a sleep standing for a
+long step). Gradients as in elastic_numpy.py. Every rank prints
 ``READY rank pid`` after its first commit, ``EXIT step=..`` when it leaves (preempted or not), and
 ``RESULT {json}`` when training finishes.
 """
 import json
 import logging
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -17,6 +20,7 @@ import mpidist
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 path, steps_arg = sys.argv[1], sys.argv[2]
+step_seconds = float(next((a.split("=")[1] for a in sys.argv[3:] if a.startswith("--step-seconds=")), 0))
 me = MPI.COMM_WORLD.Get_rank()
 
 
@@ -37,6 +41,8 @@ else:
 @mpidist.elastic.run
 def train(state):
     while state.step < steps:
+        if step_seconds and state.commits >= 2 and not preemption.resumed:
+            time.sleep(step_seconds)  # a long step's computation, not a synchronisation
         state.w = state.w + strategy.reduce("SUM", gradient(me, state.step))
         state.step += 1
         state.commit()
