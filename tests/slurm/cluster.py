@@ -4,6 +4,9 @@
     with SlurmCluster() as cluster:  # munged, slurmctld, slurmd; stopped (and swept) on exit
         job = cluster.submit("slurm/cpu_multinode.sbatch", "job.py", options=["-N1", "-n2"])
         assert job.exit_code == 0, job
+        job_id = cluster.sbatch("slurm/elastic.sbatch", "job.py")  # or: act on a job while it runs
+        cluster.wait_for(job_id, lambda fields: fields["JobState"] == "RUNNING", 30, "the start")
+        result = cluster.wait(job_id)
 
 The node advertises ``cpus`` CPUs whatever the hardware has (``SlurmdParameters=config_overrides``)
 and ``gpus`` fake GPUs (character devices that are /dev/null, so Slurm sets CUDA_VISIBLE_DEVICES).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -80,17 +81,12 @@ def test_srun_direct_launch_has_no_ulfm_a_death_ends_the_step(slurm: SlurmCluste
     # Slurm's PMIx plugin still cancels the step when the task dies, and mpidist says ULFM is off.
     job = slurm.submit(SRUN_ULFM, str(LAUNCH_JOBS / "elastic_numpy.py"), "20", "1:7",
                        options=["-N1", "-n3", "--ntasks-per-node=3", "-c1"], cwd=REPO, timeout=90,
-                       env={"PYTHON": _python()})
+                       env={"PYTHON": sys.executable})
     assert job.state == "FAILED" and job.exit_code != 0, job
     assert "KILLING rank=1 step=7" in job.output and "RESULT" not in job.output, job
     assert job.output.count("ULFM is not active (srun direct launch") == 1, job  # once, from the chief
     assert re.search(r"mpi/pmix\S*: _errhandler: .*Error handler invoked", job.output), job
     assert re.search(r"STEP \S+ ON \S+ CANCELLED", job.output), job
-
-
-def _python() -> str:
-    import sys
-    return sys.executable
 
 
 def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Callable[[str], None],
@@ -99,7 +95,7 @@ def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Calla
     resume); once every rank has committed, ``preempt(job_id)``; wait for the requeue, let the
     requeued run start 3 s later (Slurm holds a requeued job for 2 minutes) and finish."""
     job_id = slurm.sbatch(TEMPLATES / "elastic.sbatch", str(LAUNCH_JOBS / "elastic_preempt.py"),
-                          str(checkpoint), "+5", *job_args, cwd=REPO, env={"PYTHON": _python(), "MPIRUN_ARGS": MPIRUN_ARGS},
+                          str(checkpoint), "+5", *job_args, cwd=REPO, env={"PYTHON": sys.executable, "MPIRUN_ARGS": MPIRUN_ARGS},
                           options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME])
     out = slurm.output_path(job_id)
     slurm.wait_for(job_id, lambda f: len(re.findall(r"^READY ", _read(out), re.M)) >= n
