@@ -15,8 +15,7 @@
     train(state)
     mpidist.elastic.shutdown()   # after a recovery: skips MPI_Finalize, whose fence can hang
 
-Launch with ``mpirun --with-ft ulfm --mca mpi_ft_detector true --mca mpi_ft_detector_thread true``;
-see docs/elastic.md. Nothing
+Launch with ``mpirun --with-ft ulfm --mca mpi_ft_detector true``; see docs/elastic.md. Nothing
 here imports TensorFlow; TensorFlowKerasState (mpidist.elastic.keras_state) loads it when first used.
 """
 from .run import Recovery, recoveries, run, shutdown, world_rank

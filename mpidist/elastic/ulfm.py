@@ -4,9 +4,9 @@ recovery (revoke, agree, shrink).
 ULFM is active when the MPI library is Open MPI 5 started with ``mpirun --with-ft ulfm`` (the
 launcher then sets ``OMPI_MCA_mpi_ft_enable=1`` in every rank's environment) and mpi4py exposes
 ``Comm.Revoke``/``Shrink``/``Agree`` (mpi4py >= 4). Without ``--mca mpi_ft_detector true`` a dead
-peer can leave the survivors waiting, and without ``--mca mpi_ft_detector_thread true`` the
-heartbeats are sent only from inside MPI calls, so a rank that computes longer than
-``mpi_ft_detector_timeout`` is declared dead (and aborts); both are reported. MPICH through mpi4py and ``srun``
+peer can leave the survivors waiting, so that is reported too. The detector sends heartbeats only
+from inside MPI calls: a rank that computes longer than ``mpi_ft_detector_timeout`` without one
+is declared dead (docs/elastic.md, "Detection settings"). MPICH through mpi4py and ``srun``
 direct launch have no ULFM here: under ``srun --mpi=pmix`` Slurm's PMIx plugin cancels the whole
 step as soon as one task ends without finalizing (``mpi/pmix: _errhandler: Error handler invoked:
 status = -61``), whatever ``--kill-on-bad-exit`` and ``OMPI_MCA_mpi_ft_enable`` say (seen with
@@ -43,10 +43,6 @@ def status() -> tuple[bool, str]:
     if not _env_true("OMPI_MCA_mpi_ft_detector"):
         return True, ("active (mpirun --with-ft ulfm), but the failure detector is off: add "
                       "`--mca mpi_ft_detector true`, else a dead peer can leave the survivors waiting")
-    if not _env_true("OMPI_MCA_mpi_ft_detector_thread"):
-        return True, ("active (mpirun --with-ft ulfm, failure detector on), but without its thread: a rank "
-                      "computing longer than mpi_ft_detector_timeout without an MPI call is declared dead; "
-                      "add `--mca mpi_ft_detector_thread true`")
     return True, "active (mpirun --with-ft ulfm, failure detector on)"
 
 

@@ -1,7 +1,6 @@
 """Elastic training under ULFM: ranks SIGKILLed mid-loop, the survivors shrink, roll back and finish.
 
-Each job runs under ``mpirun --with-ft ulfm --mca mpi_ft_detector true --mca mpi_ft_detector_thread
-true`` and a timeout (a hang
+Each job runs under ``mpirun --with-ft ulfm --mca mpi_ft_detector true`` and a timeout (a hang
 fails the test). The checks: the killed ranks die, every survivor prints its result, the results
 are identical, and each training segment (from a (re)start of ``train`` to the next) equals a
 replay of the gradients of the ranks that took part in it, from the state it started from; so the
@@ -24,7 +23,7 @@ import pytest
 
 from launching import JOBS, kill_job, mpirun_command
 
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true"]
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
 
 
 def _ulfm_unavailable() -> str | None:
