@@ -90,13 +90,13 @@ def test_srun_direct_launch_has_no_ulfm_a_death_ends_the_step(slurm: SlurmCluste
 
 
 def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Callable[[str], None],
-                   *job_args: str) -> JobResult:
+                   *job_args: str, options: tuple[str, ...] = (), requeue_within: float = 60) -> JobResult:
     """Submit elastic.sbatch with elastic_preempt.py (no end before a preemption, 5 steps after a
     resume); once every rank has committed, ``preempt(job_id)``; wait for the requeue, let the
     requeued run start 3 s later (Slurm holds a requeued job for 2 minutes) and finish."""
     job_id = slurm.sbatch(TEMPLATES / "elastic.sbatch", str(LAUNCH_JOBS / "elastic_preempt.py"),
                           str(checkpoint), "+5", *job_args, cwd=REPO, env={"PYTHON": sys.executable, "MPIRUN_ARGS": MPIRUN_ARGS},
-                          options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME])
+                          options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME, *options])
     out = slurm.output_path(job_id)
     slurm.wait_for(job_id, lambda f: len(re.findall(r"^READY ", _read(out), re.M)) >= n
                    or f.get("JobState") not in ("PENDING", "RUNNING") or f.get("Restarts") != "0",
@@ -105,7 +105,8 @@ def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Calla
     assert (fields.get("JobState"), fields.get("Restarts")) == ("RUNNING", "0"), f"{fields}\n{_read(out)}"
     preempt(job_id)
     fields = slurm.wait_for(job_id, lambda f: f.get("Restarts", "0") != "0" and f.get("JobState") == "PENDING"
-                            or f.get("Restarts") == "0" and f.get("JobState") in FINAL_STATES, 60, "the requeue")
+                            or f.get("Restarts") == "0" and f.get("JobState") in FINAL_STATES, requeue_within,
+                            "the requeue")
     assert fields.get("Restarts") != "0", f"job {job_id} ended without a requeue: {fields}\n{_read(out)}\n{slurm.logs()}"
     assert checkpoint.exists(), f"job {job_id} was requeued without writing {checkpoint}:\n{_read(out)}"
     # not "now": a start in the second of the requeue is refused ("Job credential revoked")
@@ -155,6 +156,19 @@ def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_re
     assert "preempted cleanly; requeueing job" in job.output, job
     exits = [int(m) for m in re.findall(r"^EXIT rank=\d+ step=(\d+)$", job.output, re.M)]
     assert exits[:n] == [stopped] * n and exits[n:] == [stopped + 5] * n, job  # all at the same commit
+
+
+def test_the_time_limit_signal_checkpoints_requeues_and_the_requeued_run_resumes(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    # The real `--signal=B:USR1@T` path: a 3-minute job signalled 160 s before its end, by slurmctld
+    # (which looks at signal times every 30 s or so), so the test waits up to 90 s for it.
+    n, checkpoint = 3, tmp_path / "elastic.pkl"
+    job = _preempted_job(slurm, n, checkpoint, lambda job_id: None,
+                         options=("--time=3", "--signal=B:USR1@160"), requeue_within=90)
+    stopped = _check_resumed(job, n, checkpoint)
+    assert "SIGUSR1 (preemption or time limit): forwarded to mpirun" in job.output, job
+    exits = [int(m) for m in re.findall(r"^EXIT rank=\d+ step=(\d+)$", job.output, re.M)]
+    assert exits[:n] == [stopped] * n, job
 
 
 def test_requeue_sigterm_to_every_process_checkpoints_and_the_requeued_run_resumes(
