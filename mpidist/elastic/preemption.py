@@ -4,7 +4,12 @@ cleanly; the requeued job resumes from it.
 ``on_preemption(state, path, signals=(SIGUSR1, SIGTERM))``:
 
 - if ``path`` exists, the state is loaded from it (and that is its commit): a requeued job resumes;
-- a handler for ``signals`` only notes that the signal came (nothing unsafe in a signal handler);
+- a handler for ``signals`` notes that the signal came and, on the chief, writes its last commit
+  to ``path`` at once (Python runs handlers in the main thread between bytecodes, never inside an
+  MPI call, and a commit replaces the snapshot whole), for when the ranks are killed before their
+  next commit: Slurm SIGKILLs a terminated job ``KillWait`` seconds after its SIGTERM, and a
+  SIGTERM to ``mpirun`` alone makes it SIGKILL its ranks about 0.2 s later. A handler waits for
+  the main thread: a long C call (a TensorFlow step) delays it;
 - from then on each ``state.commit()`` also runs one small allreduce (MAX of "a signal came here")
   over the strategy's engine, so all ranks see the preemption at the same commit even when the
   signal reached them at different steps; then the chief writes the commit to ``path`` (a temporary
@@ -37,11 +42,27 @@ class Preemption:
     def __init__(self, state: State, path: str, signals: Iterable[int]) -> None:
         self.state, self.path, self.requested, self.resumed = state, os.fspath(path), False, False
         self.signals = tuple(signals)
+        self._writing = False
         for sig in self.signals:
             signal.signal(sig, self.handle)
 
     def handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
+        first, self.requested = not self.requested, True
+        if first and not self._writing and self.state.engines()[0].rank == 0 and self.state.committed() is not None:
+            self.write(self.state.committed(), "sig")
+            _log.warning("mpidist.elastic: signal %d: the last commit (%d so far) is in %s; leaving at the "
+                         "next commit", signum, self.state.commits, self.path)
+
+    def write(self, snapshot: Any, tag: str = "") -> None:
+        """Write ``snapshot`` to ``path``: a temporary file renamed into place (never half a file)."""
+        self._writing = True
+        try:
+            tmp = f"{self.path}.tmp{tag}{os.getpid()}"
+            with open(tmp, "wb") as f:
+                pickle.dump({"format": FORMAT, "snapshot": snapshot}, f)
+            os.replace(tmp, self.path)
+        finally:
+            self._writing = False
 
     def after_commit(self, state: State) -> None:
         """Collective over the strategy's engine (called by ``state.commit()``)."""
@@ -50,10 +71,7 @@ class Preemption:
         if not anyone:
             return
         if comm.Get_rank() == 0:
-            tmp = f"{self.path}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
-                pickle.dump({"format": FORMAT, "snapshot": state.committed()}, f)
-            os.replace(tmp, self.path)
+            self.write(state.committed())
             _log.warning("mpidist.elastic: preempted: the last commit (%d so far) is in %s; exiting",
                          state.commits, self.path)
         comm.Barrier()

@@ -4,8 +4,13 @@ recovery (revoke, agree, shrink).
 ULFM is active when the MPI library is Open MPI 5 started with ``mpirun --with-ft ulfm`` (the
 launcher then sets ``OMPI_MCA_mpi_ft_enable=1`` in every rank's environment) and mpi4py exposes
 ``Comm.Revoke``/``Shrink``/``Agree`` (mpi4py >= 4). Without ``--mca mpi_ft_detector true`` a dead
-peer can leave the survivors waiting, so that is reported too. MPICH through mpi4py and ``srun``
-direct launch have no ULFM here.
+peer can leave the survivors waiting, so that is reported too. The detector sends heartbeats only
+from inside MPI calls: a rank that computes longer than ``mpi_ft_detector_timeout`` without one
+is declared dead (docs/elastic.md, "Detection settings"). MPICH through mpi4py and ``srun``
+direct launch have no ULFM here: under ``srun --mpi=pmix`` Slurm's PMIx plugin cancels the whole
+step as soon as one task ends without finalizing (``mpi/pmix: _errhandler: Error handler invoked:
+status = -61``), whatever ``--kill-on-bad-exit`` and ``OMPI_MCA_mpi_ft_enable`` say (seen with
+Slurm 22.05, tests/slurm); ``slurm/elastic.sbatch`` runs ``mpirun --with-ft ulfm`` instead.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import os
 from typing import Any
 
 from mpi4py import MPI
+
+from ..topology import detect_launcher
 
 _TRUE = ("1", "true", "yes", "on", "enabled")
 
@@ -28,6 +35,9 @@ def status() -> tuple[bool, str]:
     vendor = MPI.get_vendor()[0]
     if vendor != "Open MPI":
         return False, f"the MPI library is {vendor}, not Open MPI 5 with ULFM"
+    if detect_launcher().name == "srun":
+        return False, ("srun direct launch: Slurm cancels the whole step when a task dies; run "
+                       "`mpirun --with-ft ulfm` inside the allocation (slurm/elastic.sbatch)")
     if not _env_true("OMPI_MCA_mpi_ft_enable"):
         return False, "the job was not launched with `mpirun --with-ft ulfm` (OMPI_MCA_mpi_ft_enable unset)"
     if not _env_true("OMPI_MCA_mpi_ft_detector"):

@@ -91,9 +91,9 @@ def check_numpy_job(n: int, steps: int, kills: dict[int, int], env: dict | None 
     segments = first["segments"]
     assert len(segments) == len(kills) + 1, output  # one recovery per death
     assert segments[0]["step"] == 0 and segments[0]["ranks"] == list(range(n))
-    dead: set[int] = set()
-    for seg, after in zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}]):
-        dead |= {r for r, s in kills.items() if s <= seg["step"]}
+    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
+    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
+        dead = set(in_order[:i])
         assert seg["ranks"] == [r for r in range(n) if r not in dead], output
         # the next segment starts from a commit the dying rank never reached
         np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
@@ -107,6 +107,11 @@ def test_numpy_loop_survives_a_sigkill_at_3_ranks():
 
 def test_numpy_loop_survives_two_deaths_at_4_ranks_chief_included():
     check_numpy_job(4, 30, {0: 5, 2: 17})
+
+
+def test_numpy_loop_survives_a_death_before_the_first_step():
+    # no commit yet but the one elastic.run makes at the start: the survivors start over from it
+    check_numpy_job(3, 10, {2: 0})
 
 
 def test_numpy_loop_two_deaths_on_faked_nodes():
@@ -194,11 +199,22 @@ def keras_fit_reference(epochs: int) -> list:
     return [kernel, bias]
 
 
-def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks():
+@pytest.mark.parametrize("per_commit, kill, resumed", [
+    (1, (1, 2), {(1, 1), (1, 2)}),  # at the death's batch, or the one before if the death cut it short
+    (2, (1, 3), {(1, 2)}),          # the commit of batch 2; batch 3's start is lost and redone
+    (3, (0, 2), {(0, 0)}),          # first epoch, before any commit but the start's: from the start
+])
+def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3_ranks(per_commit, kill, resumed):
+    """A death before batch ``kill[1]`` of epoch ``kill[0]``, committing every ``per_commit`` batches
+    (and at each epoch's end): the survivors roll back to rank 0's last commit, losing at most
+    ``per_commit - 1`` finished batches, and redo them from the rolled-back weights on the same global
+    batches; so the reference with that rollback is the run without a death."""
     pytest.importorskip("tensorflow")
-    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", "1:1:2", timeout=400)
+    epoch, batch = kill
+    rc, output, _ = run_ulfm(3, "elastic_keras_fit.py", "3", f"1:{epoch}:{batch}",
+                             f"--batches-per-commit={per_commit}", timeout=400)
     got = results(output)
-    assert "KILLING rank=1 epoch=1 batch=2" in output, output[-3000:]
+    assert f"KILLING rank=1 epoch={epoch} batch={batch}" in output, output[-3000:]
     assert sorted(r["rank"] for r in got) == [0, 2], output[-3000:]
     first = got[0]
     for r in got:  # identical on every survivor, on the 2-rank communicator, training finished
@@ -206,10 +222,10 @@ def test_keras_fit_resumes_at_the_committed_epoch_and_batch_after_a_sigkill_at_3
         assert r["starts"] == first["starts"], output
     starts = first["starts"]
     assert [s["size"] for s in starts] == [3, 2], starts
-    # resumed at the lowest survivor's (rank 0's) last commit, in the epoch of the death, at its
-    # batch or the one before (a survivor may not have committed the batch the death cut short)
-    assert (starts[1]["epoch"], starts[1]["batch"]) == tuple(starts[1]["last_seen"]), starts
-    assert starts[1]["epoch"] == 1 and starts[1]["batch"] in (1, 2), starts
+    # resumed at the lowest survivor's (rank 0's) last commit, a commit point of the epoch of the death
+    at = (starts[1]["epoch"], starts[1]["batch"])
+    assert at == tuple(starts[1]["last_seen"]) and at in resumed, starts
+    assert at[1] % per_commit == 0 and 0 <= batch - at[1] <= per_commit, starts
     # rolled back weights and position together: the same updates as an uninterrupted run
     for w, a in zip(keras_fit_reference(3), first["weights"]):
         assert np.all(np.isfinite(a))
@@ -268,3 +284,45 @@ def test_sigusr1_to_every_rank_writes_the_last_commit_exits_0_and_a_relaunch_res
         assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
         assert r["step"] == steps
         np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, steps))
+
+
+def test_sigterm_to_mpirun_during_a_long_step_leaves_the_chiefs_last_commit(tmp_path):
+    """mpirun forwards a SIGTERM and SIGKILLs its ranks about 0.2 s later, inside their 60 s step:
+    the checkpoint is what the chief's handler wrote at the signal, and a relaunch resumes from it."""
+    import queue
+    import threading
+    n, path = 3, str(tmp_path / "preempted.pkl")
+    script = str(JOBS / "elastic_preempt.py")
+    proc = subprocess.Popen(mpirun_command(n) + [sys.executable, script, path, "+3", "--step-seconds=60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_environ(),
+                            start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+    seen, ready, deadline = [], 0, time.monotonic() + 240
+    try:
+        while ready < n:  # every rank has committed twice and is in its long step
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            ready += line.startswith("READY ")
+        proc.send_signal(signal.SIGTERM)  # mpirun itself, as `kill` or a scheduler would
+        rc = proc.wait(timeout=60)
+    except (queue.Empty, subprocess.TimeoutExpired):
+        kill_job(proc, marker=script)
+        pytest.fail("the job did not end after SIGTERM to mpirun\n" + "".join(seen)[-3000:])
+    while (line := lines.get(timeout=30)) is not None:
+        seen.append(line)
+    output = "".join(seen)
+    assert rc != 0 and "EXIT " not in output, output  # the ranks were killed inside their step
+    from mpidist.elastic import read_checkpoint
+    snapshot = read_checkpoint(path)
+    stopped = snapshot["step"]
+    assert stopped >= 2, (snapshot, output)  # READY comes after the second commit
+    np.testing.assert_array_equal(snapshot["w"], replay(np.zeros(4), list(range(n)), 0, stopped))
+    out = subprocess.run(mpirun_command(n) + [sys.executable, script, path, "+3"], capture_output=True,
+                         text=True, env=_environ(), timeout=240)
+    got = results(out.stdout)
+    assert out.returncode == 0 and sorted(r["rank"] for r in got) == list(range(n)), out.stdout + out.stderr
+    for r in got:
+        assert r["start"] == {"step": stopped, "w": snapshot["w"].tolist(), "resumed": True}, r
+        np.testing.assert_array_equal(r["w"], replay(snapshot["w"], list(range(n)), stopped, stopped + 3))

@@ -4,6 +4,9 @@
     with SlurmCluster() as cluster:  # munged, slurmctld, slurmd; stopped (and swept) on exit
         job = cluster.submit("slurm/cpu_multinode.sbatch", "job.py", options=["-N1", "-n2"])
         assert job.exit_code == 0, job
+        job_id = cluster.sbatch("slurm/elastic.sbatch", "job.py")  # or: act on a job while it runs
+        cluster.wait_for(job_id, lambda fields: fields["JobState"] == "RUNNING", 30, "the start")
+        result = cluster.wait(job_id)
 
 The node advertises ``cpus`` CPUs whatever the hardware has (``SlurmdParameters=config_overrides``)
 and ``gpus`` fake GPUs (character devices that are /dev/null, so Slurm sets CUDA_VISIBLE_DEVICES).
@@ -266,27 +269,45 @@ class SlurmCluster:
                env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
                timeout: float = 150.0) -> JobResult:
         """sbatch ``script`` with ``args``, wait for a final state (polling scontrol), return the result."""
-        out = self.root / "job-%j.out"
-        cmd = ["sbatch", "--parsable", f"--output={out}", "--time=2", *options, str(script), *args]
         start = time.monotonic()
+        job_id = self.sbatch(script, *args, options=options, env=env, cwd=cwd)
+        return self.wait(job_id, timeout, start=start)
+
+    def sbatch(self, script: str | Path, *args: str, options: Sequence[str] = (),
+               env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> str:
+        """sbatch ``script`` with ``args`` (output to :meth:`output_path`); return the job id at once."""
+        cmd = ["sbatch", "--parsable", f"--output={self.root / 'job-%j.out'}", "--time=2", *options,
+               str(script), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=15, cwd=cwd, env=self.environ(env))
         if proc.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}, expected a job id:\n"
                                f"{proc.stdout}{proc.stderr}")
-        job_id = proc.stdout.strip().split(";")[0]
-        fields: dict[str, str] = {}
-        while time.monotonic() - start < timeout:
+        return proc.stdout.strip().split(";")[0]
+
+    def output_path(self, job_id: str) -> Path:
+        """Where the job's stdout and stderr go (every run of a requeued job appends to it)."""
+        return self.root / f"job-{job_id}.out"
+
+    def wait_for(self, job_id: str, ready: Callable[[dict[str, str]], bool], timeout: float, what: str) -> dict[str, str]:
+        """Poll ``scontrol show job`` until ``ready(fields)``; the fields then. TimeoutError (with the
+        job's state, output and the daemons' logs) after ``timeout`` seconds, the job cancelled."""
+        deadline, fields = time.monotonic() + timeout, {}
+        while time.monotonic() < deadline:
             fields = self.job_fields(job_id)
-            if fields.get("JobState") in FINAL_STATES:
-                break
+            if ready(fields):
+                return fields
             time.sleep(0.2)
-        else:
-            self.command("scancel", job_id)
-            raise TimeoutError(f"job {job_id} ({' '.join(cmd)}) not finished after {timeout:.0f} s: "
-                               f"JobState={fields.get('JobState')} Reason={fields.get('Reason')}; output so far:\n"
-                               f"{self._read(Path(str(out).replace('%j', job_id)))}\n{self.logs()}")
+        self.command("scancel", job_id)
+        raise TimeoutError(f"job {job_id}: waited {timeout:.0f} s for {what}, it did not come: "
+                           f"JobState={fields.get('JobState')} Reason={fields.get('Reason')}; output so far:\n"
+                           f"{self._read(self.output_path(job_id))}\n{self.logs()}")
+
+    def wait(self, job_id: str, timeout: float = 150.0, start: float | None = None) -> JobResult:
+        """Wait for a final state of the job; its result (``seconds`` counted from ``start``)."""
+        start = time.monotonic() if start is None else start
+        fields = self.wait_for(job_id, lambda f: f.get("JobState") in FINAL_STATES, timeout, "a final state")
         code, _, sig = fields.get("ExitCode", "-1:0").partition(":")
-        output = self._read(Path(str(out).replace("%j", job_id)))
+        output = self._read(self.output_path(job_id))
         return JobResult(job_id, fields["JobState"], int(code), int(sig or 0), output, time.monotonic() - start)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
@@ -326,7 +347,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
 SchedulerType=sched/builtin
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

@@ -1,11 +1,12 @@
 """Elastic Keras ``fit``: CommitStateCallback + UpdateEpochStateCallback; one rank SIGKILLs itself
-mid-epoch. Usage: elastic_keras_fit.py EPOCHS RANK:EPOCH:BATCH
+mid-epoch. Usage: elastic_keras_fit.py EPOCHS RANK:EPOCH:BATCH [--batches-per-commit=K]
 
 The data is one global tf.data pipeline (batches of 12 rows, 4 batches an epoch) that the strategy
-splits over the replicas. After the death the survivors resume with ``initial_epoch=state.epoch``,
+splits over the replicas. CommitStateCallback commits every K batches (default 1), and every
+epoch's end commits. After the death the survivors resume with ``initial_epoch=state.epoch``,
 first finishing the interrupted epoch from batch ``state.batch`` (``dataset.skip``). Each survivor
 prints ``RESULT {json}``: final weights, epoch/batch of the state at each (re)start of ``train``,
-and the last commit before the death as it saw it.
+and the position of its last commit when it began its last batch before the death.
 """
 import json
 import os
@@ -22,7 +23,8 @@ import mpidist  # noqa: E402
 from mpidist import elastic  # noqa: E402
 
 epochs = int(sys.argv[1])
-kills = {int(r): (int(e), int(b)) for r, e, b in (a.split(":") for a in sys.argv[2:])}
+kills = {int(r): (int(e), int(b)) for r, e, b in (a.split(":") for a in sys.argv[2:] if ":" in a)}
+per_commit = int(next((a.split("=")[1] for a in sys.argv[2:] if a.startswith("--batches-per-commit=")), 1))
 me = MPI.COMM_WORLD.Get_rank()
 BATCHES, GLOBAL_BATCH = 4, 12
 
@@ -48,7 +50,8 @@ class Kill(tf.keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        commits.append([state.epoch, state.batch])
+        committed = state.committed()["attributes"]
+        commits.append([committed["epoch"], committed["batch"]])
         if kills.get(me) == (self.epoch, state.batch):
             print(f"KILLING rank={me} epoch={self.epoch} batch={state.batch}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -58,7 +61,7 @@ class Kill(tf.keras.callbacks.Callback):
 def train(state):
     starts.append({"epoch": state.epoch, "batch": state.batch, "size": strategy.num_replicas_in_sync,
                    "last_seen": commits[-1] if commits else None})
-    callbacks = [elastic.CommitStateCallback(state), elastic.UpdateEpochStateCallback(state), Kill()]
+    callbacks = [elastic.CommitStateCallback(state, per_commit), elastic.UpdateEpochStateCallback(state), Kill()]
     if state.batch:
         model.fit(data().skip(state.batch), initial_epoch=state.epoch, epochs=state.epoch + 1,
                   callbacks=callbacks, verbose=0)
