@@ -1,0 +1,135 @@
+"""Speculative agreement: a repeat of the previous collective's signature moves its data while the
+agreement exchange completes (collectives/agreement.py). A mismatch must still raise on every rank
+before any result is returned, whichever ranks speculated, and never hang; the communicator must
+stay usable. Results must equal a NumPy reference on every path and at every size class.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import mpidist
+from mpidist.collectives import timeline
+
+from reference import make, reduce_all
+from test_agreement import raises_everywhere
+
+MB = 1 << 20
+
+
+# -- a mismatch after repeats: on every rank, whichever ranks speculated ---------------------------
+
+CHANGES = {  # what the changing rank does instead of repeating the float32 (N,) SUM
+    "shape": lambda engine, x: engine.allreduce(x[:-1]),
+    "dtype": lambda engine, x: engine.allreduce(x.astype(np.float64)),
+    "op": lambda engine, x: engine.allreduce(x, "max"),
+    "collective": lambda engine, x: engine.broadcast(x),
+    "nest": lambda engine, x: engine.allreduce([x, x]),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("change", sorted(CHANGES))
+@pytest.mark.parametrize("changer", ["first", "last", "all but first"])
+@pytest.mark.parametrize("threshold", [0, 1 << 40], ids=["iallreduce", "allreduce"])
+def test_mismatch_after_repeats_raises_everywhere_and_the_comm_stays_usable(engine, comm, rc_settings, change,
+                                                                           changer, threshold):
+    rc_settings(iallreduce_threshold=threshold)  # the speculated data calls: non-blocking or blocking
+    x = np.ones(1000, dtype=np.float32)
+    for _ in range(3):  # the steady state: every rank speculates on the repeats
+        assert engine.allreduce(x)[0] == engine.size
+    changes = {"first": engine.rank == 0, "last": engine.rank == engine.size - 1,
+               "all but first": engine.rank != 0}[changer]
+    call = (lambda: CHANGES[change](engine, x)) if changes else (lambda: engine.allreduce(x))
+    raises_everywhere(comm, call, "ranks issued different collectives")
+    # usable afterwards, and the repeats (speculating again) still give the right results
+    for _ in range(3):
+        assert engine.allreduce(x * (engine.rank + 1)).tolist() == [engine.size * (engine.size + 1) / 2] * 1000
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatch_on_the_cached_list_path_after_repeats(engine, comm):
+    value = [np.ones(300, dtype=np.float32), np.ones(5, dtype=np.float32)]
+    for _ in range(3):
+        engine.allreduce(value)
+    changed = [value[0], np.ones(6, dtype=np.float32)] if engine.rank == engine.size - 1 else value
+    raises_everywhere(comm, lambda: engine.allreduce(changed), "float32(6,)")
+    out = engine.allreduce(value)
+    assert [o.tolist() for o in out] == [[engine.size] * 300, [engine.size] * 5]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatch_after_repeats_under_a_deadline(engine, comm):
+    """The general path (a deadline: no cached fast path) speculates too, and still raises everywhere."""
+    x = np.ones(64, dtype=np.float64)
+    for _ in range(3):
+        assert engine.allreduce(x, timeout_seconds=30)[0] == engine.size
+    y = x[:10] if engine.rank == 0 else x
+    raises_everywhere(comm, lambda: engine.allreduce(y, timeout_seconds=30), "float64(10,)", "float64(64,)")
+    assert engine.allreduce(x, timeout_seconds=30)[0] == engine.size
+    assert engine.broken is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_threshold_differing_between_ranks_is_a_mismatch(engine, comm, rc_settings):
+    """Allreduce and Iallreduce never match each other in MPI: the setting is part of the agreement."""
+    rc_settings(iallreduce_threshold=0 if engine.rank == 0 else 1 << 40)
+    raises_everywhere(comm, lambda: engine.allreduce(np.ones(4)), "iallreduce_threshold=0")
+
+
+# -- results equal to the NumPy reference ----------------------------------------------------------
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("nbytes", [MB, 4 * MB])
+def test_results_equal_the_reference_on_every_path(comm, rc_settings, nbytes):
+    """1 MB under the Iallreduce threshold and 4 MB over it (2 MB here), through the engine,
+    strategy.reduce and the replica context, each repeated (the speculative steady state)."""
+    rc_settings(iallreduce_threshold=2 * MB)
+    shape = (nbytes // 4,)
+    x = make(comm.Get_rank(), np.float32, shape)  # small integers: every summation order is exact
+    inputs = [make(r, np.float32, shape) for r in range(comm.Get_size())]
+    want = {"sum": reduce_all(inputs, "sum"), "mean": reduce_all(inputs, "mean")}
+    strategy = mpidist.numpy.MultiWorkerMirroredStrategy()
+    engine = strategy.extended.engine
+    try:
+        paths = {"engine": ("sum", lambda: engine.allreduce(x)),
+                 "reduce": ("sum", lambda: strategy.reduce("sum", x, axis=None)),
+                 "replica": ("sum", lambda: strategy.run(lambda: mpidist.get_replica_context().all_reduce("sum", x))),
+                 "mean": ("mean", lambda: strategy.reduce("mean", x, axis=None)),
+                 "deadline": ("sum", lambda: engine.allreduce(x, timeout_seconds=60)),
+                 "list": ("sum", lambda: np.concatenate(engine.allreduce([x[:10], x[10:]])))}
+        for name, (op, path) in paths.items():
+            for _ in range(3):
+                got = path()
+                assert got.dtype == np.float32, name
+                if op == "sum":
+                    assert np.array_equal(got, want[op]), name
+                else:  # the engine divides in float32, the reference in float64: one rounding apart
+                    np.testing.assert_allclose(got, want[op], rtol=1e-6, err_msg=name)
+    finally:
+        strategy.close()
+
+
+# -- the speculative path is taken, and shows on the timeline --------------------------------------
+
+@pytest.mark.mpi(min_size=2)
+def test_repeats_speculate_and_the_timeline_says_so(comm, tmp_path_factory):
+    path = comm.bcast(str(tmp_path_factory.mktemp("spec") / "trace.json") if comm.Get_rank() == 0 else None)
+    engine = mpidist.Engine()
+    x = np.ones(100, dtype=np.float32)
+    try:
+        with mpidist.rc.override(timeline=path):
+            for _ in range(3):
+                assert engine.allreduce(x)[0] == engine.size
+            engine.broadcast(x)
+        assert timeline.recorder() is None  # reading the setting again closes the file
+    finally:
+        engine.close()
+    with open(timeline.rank_path(path, comm.Get_rank()), encoding="utf-8") as f:
+        events = [e for e in json.load(f) if e.get("cat") == "collective"]
+    notes = [(e["name"], e["args"].get("agreement")) for e in events]
+    assert [n for n, _ in notes] == ["allreduce"] * 3 + ["broadcast"]
+    assert notes[0][1] is None and notes[3][1] is None  # the first of a signature, other collectives: no
+    assert all(a is not None and a.startswith("speculative") for _, a in notes[1:3])
