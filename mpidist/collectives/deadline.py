@@ -53,8 +53,8 @@ class Caller:
     def posted(self, comm: MPI.Comm, name: str, *args: Any) -> None:
         """One data step as the non-blocking variant always (``Iallreduce`` + wait: faster than the
         blocking call for large buffers on some MPI libraries; see ``rc.iallreduce_threshold``)."""
-        if self.steps is not None:
-            self.steps.timed(name, comm, lambda: self._issue(comm, name, args, True), args)
+        if self.steps is not None:  # on the timeline by the MPI call made: Iallreduce
+            self.steps.timed("I" + name.lower(), comm, lambda: self._issue(comm, name, args, True), args)
         else:
             self._issue(comm, name, args, True)
 

@@ -124,12 +124,18 @@ def test_repeats_speculate_and_the_timeline_says_so(comm, tmp_path_factory):
             for _ in range(3):
                 assert engine.allreduce(x)[0] == engine.size
             engine.broadcast(x)
+            with mpidist.rc.override(iallreduce_threshold=0):  # every flat allreduce: Iallreduce + wait
+                assert engine.allreduce(x)[0] == engine.size
         assert timeline.recorder() is None  # reading the setting again closes the file
     finally:
         engine.close()
     with open(timeline.rank_path(path, comm.Get_rank()), encoding="utf-8") as f:
-        events = [e for e in json.load(f) if e.get("cat") == "collective"]
-    notes = [(e["name"], e["args"].get("agreement")) for e in events]
-    assert [n for n, _ in notes] == ["allreduce"] * 3 + ["broadcast"]
-    assert notes[0][1] is None and notes[3][1] is None  # the first of a signature, other collectives: no
+        events = json.load(f)
+    spans = [e for e in events if e.get("cat") == "collective"]
+    notes = [(e["name"], e["args"].get("agreement")) for e in spans]
+    assert [n for n, _ in notes] == ["allreduce"] * 3 + ["broadcast", "allreduce"]
+    # the first of a signature, another collective, a changed setting (another signature): no speculation
+    assert notes[0][1] is None and notes[3][1] is None and notes[4][1] is None
     assert all(a is not None and a.startswith("speculative") for _, a in notes[1:3])
+    transfers = [e["args"]["mpi"] for e in events if e.get("name") == "transfer"]
+    assert transfers == ["Allreduce"] * 3 + ["Bcast", "Iallreduce"]
