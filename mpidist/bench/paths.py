@@ -12,8 +12,10 @@ For each size (default 1, 4, 16 and 64 MB of float32), short blocks of these cas
 All with ``rc``'s settings as they are (agreement on by default). ``--before PATH`` also times the
 last three on the mpidist found at ``PATH/mpidist`` (another checkout, e.g. the main branch),
 loaded in the same processes as ``mpidist_before`` and interleaved with the rest, so a before/after
-comparison shares the machine's noise. Ratios are to raw Allreduce (time / raw time: 1.00 = as
-fast, below 1 = faster).
+comparison shares the machine's noise. Ratios are to raw Allreduce: in each round (one block of
+every case, back to back) time / raw Allreduce's time, then the median over rounds (1.00 = as
+fast, below 1 = faster); with the machine loaded by other jobs this is steadier than the ratio of
+the medians.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 from types import ModuleType
 from typing import Any, Callable
@@ -28,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from .timing import compare, fmt_size, parse_size
+from .timing import fmt_size, paired_ratios, parse_size, samples
 
 PATHS = ("engine", "reduce", "replica")
 
@@ -80,7 +83,10 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
         for name, fn in cases.items():  # results equal to the reference, on every path, before timing
             if not np.array_equal(fn(), np.full_like(x, comm.Get_size())):
                 raise RuntimeError(f"python -m mpidist bench paths: {name} gave a wrong result at {fmt_size(nbytes)}")
-        rows.append({"size": fmt_size(nbytes), "bytes": nbytes, **compare(comm, timed, seconds)})
+        times = samples(comm, timed, seconds)
+        rows.append({"size": fmt_size(nbytes), "bytes": nbytes, "rounds": len(times["raw Allreduce"]),
+                     "median": {name: statistics.median(t) for name, t in times.items()},
+                     "ratio": paired_ratios(times, "raw Allreduce")})
         for s in strategies:
             s.close()
     return rows
@@ -88,12 +94,12 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
 
 def table(rows: list[dict], size: int, before: bool) -> str:
     names = ["raw Allreduce", "raw Iallreduce"] + [p + s for p in PATHS for s in ((" before", "") if before else ("",))]
-    lines = [f"mpidist bench paths: allreduce of float32, {size} ranks, medians (ms) and time / raw Allreduce",
-             f"{'size':<8}" + "".join(f"{n:>22}" for n in names)]
+    lines = [f"mpidist bench paths: allreduce of float32, {size} ranks: median ms per call (median over rounds "
+             f"of time / raw Allreduce's time in the same round)",
+             f"{'size':<8}{'rounds':>7}" + "".join(f"{n:>22}" for n in names)]
     for row in rows:
-        raw = row["raw Allreduce"]
-        cells = [f"{row[n] * 1e3:9.3f} ({row[n] / raw:5.2f}x)" for n in names]
-        lines.append(f"{row['size']:<8}" + "".join(f"{c:>22}" for c in cells))
+        cells = [f"{row['median'][n] * 1e3:9.3f} ({row['ratio'][n]:5.2f}x)" for n in names]
+        lines.append(f"{row['size']:<8}{row['rounds']:>7}" + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
 
