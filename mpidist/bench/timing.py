@@ -2,13 +2,15 @@
 
 For every case, short blocks (about 10 ms) of each variant alternate, so machine noise hits both
 alike; each block starts after a barrier and is divided by its call count; results are medians over
-blocks. Each round runs one block of every case, starting one case later than the round before
-(so no case always runs first). Rank 0 decides when to stop, so all ranks run the same number of
+blocks. Each round runs one block of every case in a shuffled order (the same on every rank), so
+no case always runs first or always after the same other case (a non-blocking collective, say,
+can leave the next block slower). Rank 0 decides when to stop, so all ranks run the same number of
 blocks. :func:`paired_ratios` gives ratios between cases per round, less sensitive to a load that
 changes between rounds than the ratio of medians.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Callable
@@ -60,8 +62,7 @@ def samples(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds
     deadline = time.perf_counter() + seconds
     rounds = 0
     while True:
-        shift = rounds % len(names)  # each case takes every place in the round in turn
-        for name in names[shift:] + names[:shift]:
+        for name in random.Random(rounds).sample(names, len(names)):  # the same order on every rank
             times[name].append(_block_time(comm, cases[name], calls))
         rounds += 1
         # all ranks stop together: rank 0 decides
