@@ -96,8 +96,12 @@ class Agreement:
             exchange.request.Wait()
         else:
             call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
-        low, neg_high, neg_spec = exchange.recv.tolist()
-        h = exchange.h
+        self._settle(exchange.recv, exchange.h, exchange.speculated, key, where, recipe)
+
+    def _settle(self, recv: np.ndarray, h: int, speculated: bool, key: tuple, where: str,
+                recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
+        """The outcome of a completed exchange (``recv``), the same on every rank: see :meth:`finish`."""
+        low, neg_high, neg_spec = recv.tolist()
         if low == h and neg_high == -h:
             if callable(recipe):
                 self.last = (h, None)
@@ -105,7 +109,7 @@ class Agreement:
             self.last = (h, recipe)
             return
         last, self.last = self.last, None
-        if neg_spec < 0 and not exchange.speculated:
+        if neg_spec < 0 and not speculated:
             # ranks that speculated ran the data calls of ``last`` (the same on every rank): match them
             drain(self.comm, last[1] if last is not None else None, where)
         report(self.comm, key, self.describe, where)
@@ -117,17 +121,24 @@ class Agreement:
 
     def around(self, h: int, key: tuple, where: str, recipe: Recipe | None, data: Callable[[], Any]) -> Any:
         """``data()`` (the collective's data steps, no deadline) with the agreement of ``key`` around
-        it: before, or, when speculating, overlapped with it and checked before returning."""
-        if not self.speculates(h):
-            self.finish(self.post(h, False), None, key, where, recipe)
+        it: before, or, when speculating, overlapped with it and checked before returning (the
+        cached fast path's version of :meth:`post` + :meth:`finish`, without their objects)."""
+        last = self.last
+        speculated = last is not None and last[0] == h and last[1] is not None
+        send = _triple(h, speculated)
+        recv = np.empty(3, dtype=np.int64)
+        request = self.comm.Iallreduce(send, recv, MPI.MIN)
+        if not speculated:
+            request.Wait()
+            self._settle(recv, h, False, key, where, recipe)
             return data()
-        exchange = self.post(h, True)
         try:
             result = data()
         except BaseException:
-            abandon(exchange, where)
+            deadline.abandon(request, (send, recv), f"{where} (agreement)")
             raise
-        self.finish(exchange, None, key, where, recipe)
+        request.Wait()
+        self._settle(recv, h, True, key, where, recipe)
         return result
 
 
@@ -157,16 +168,17 @@ def report(comm: MPI.Intracomm, key: tuple, describe: Callable[[tuple], str], wh
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
 
 
-_triples: dict[tuple[int, bool], np.ndarray] = {}
+_triples: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})  # not speculated, speculated
 
 
 def _triple(h: int, speculated: bool) -> np.ndarray:
     """The read-only send buffer ``[h, -h, -speculated]``, built once per signature."""
-    triple = _triples.get((h, speculated))
+    cache = _triples[speculated]
+    triple = cache.get(h)
     if triple is None:
-        if len(_triples) > 4096:
-            _triples.clear()
-        triple = _triples[(h, speculated)] = np.array([h, -h, -int(speculated)], dtype=np.int64)
+        if len(cache) > 4096:
+            cache.clear()
+        triple = cache[h] = np.array([h, -h, -int(speculated)], dtype=np.int64)
         triple.flags.writeable = False
     return triple
 
