@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 REPOSITORY = Path(__file__).resolve().parents[2]
 CASES = ["raw Allreduce", "raw Iallreduce", "engine", "reduce", "replica"]
 
