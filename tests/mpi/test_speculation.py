@@ -140,3 +140,38 @@ def test_repeats_speculate_and_the_timeline_says_so(comm, tmp_path_factory):
     assert all(a is not None and a.startswith("speculative") for _, a in notes[1:3])
     transfers = [e["args"]["mpi"] for e in events if e.get("name") == "transfer"]
     assert transfers == ["Allreduce"] * 3 + ["Bcast", "Iallreduce"]
+
+
+# -- a random walk of repeats, new signatures and mismatches ---------------------------------------
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_walk_of_repeats_changes_and_mismatches(engine, comm, rc_settings, seed):
+    """Every step: all ranks repeat the last call (mostly), or all move to a new one, or one rank
+    deviates. Deviations must raise on every rank; every other step must give the exact result."""
+    rng = np.random.default_rng(seed)  # the same draws on every rank
+    rc_settings(iallreduce_threshold=2048)  # both MPI calls in play: arrays of 256-4096 bytes
+    sizes, ops = [64, 300, 1024], ["sum", "max"]
+    size, op, as_list = 300, "sum", False
+    for step in range(60):
+        draw = rng.random()
+        if 0.7 <= draw < 0.85:  # all ranks move to a new signature
+            size, op, as_list = int(rng.choice(sizes)), str(rng.choice(ops)), bool(rng.random() < 0.3)
+        deviant = int(rng.integers(engine.size)) if draw >= 0.85 else None
+        how = int(rng.integers(3))
+        x = make(engine.rank, np.float32, (size,), seed=step)
+        value = [x[:10], x[10:]] if as_list else x
+
+        def call(value=value, op=op):
+            if engine.rank != deviant:
+                return engine.allreduce(value, op)
+            return [lambda: engine.allreduce(x[:-1], op), lambda: engine.allreduce(value, "min"),
+                    lambda: engine.broadcast(x)][how]()
+
+        if deviant is not None:
+            raises_everywhere(comm, call, "ranks issued different collectives")
+            continue
+        got = call()
+        got = np.concatenate(got) if as_list else got
+        want = reduce_all([make(r, np.float32, (size,), seed=step) for r in range(engine.size)], op)
+        assert np.array_equal(got, want), (step, size, op, as_list)
