@@ -105,7 +105,8 @@ def table(rows: list[dict], size: int, before: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpidist bench paths", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1MB,4MB,16MB,64MB", help="comma-separated sizes (default 1MB,4MB,16MB,64MB)")
+    parser.add_argument("--sizes", default="1MB,4MB,16MB,64MB",
+                        help="comma-separated sizes (default 1MB,4MB,16MB,64MB)")
     parser.add_argument("--seconds", type=float, default=3.0, help="time spent per size (default 3)")
     parser.add_argument("--before", default=None, metavar="PATH",
                         help="also time the mpidist of another checkout (PATH/mpidist), interleaved")
