@@ -68,13 +68,13 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
     rows = []
     for nbytes in sizes:
         x = np.ones(nbytes // 4, dtype=np.float32)
-        out = np.empty_like(x)
+        out, out_i = np.empty_like(x), np.empty_like(x)  # one result buffer per raw case, as each path has its own
         cases, strategy = _paths(mpidist, x)
         raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
         strategies = [strategy]
         timed: dict[str, Callable[[], object]] = {
             "raw Allreduce": lambda: raw.Allreduce(x, out),
-            "raw Iallreduce": lambda: raw.Iallreduce(x, out).Wait()}
+            "raw Iallreduce": lambda: raw.Iallreduce(x, out_i).Wait()}
         timed.update(cases)
         if before is not None:
             old, old_strategy = _paths(before, x)
