@@ -68,7 +68,7 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
     rows = []
     for nbytes in sizes:
         x = np.ones(nbytes // 4, dtype=np.float32)
-        out, out_i = np.empty_like(x), np.empty_like(x)  # one result buffer per raw case, as each path has its own
+        out, out_i = np.empty_like(x), np.empty_like(x)  # a result buffer per raw case (mpidist: its pool)
         cases, strategy = _paths(mpidist, x)
         raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
         strategies = [strategy]
