@@ -25,6 +25,10 @@ waits for the exchange and checks it, before returning anything. Why this is saf
   data calls (zeros into scratch buffers) so the speculating ranks' calls complete, and everyone
   meets in the description exchange and raises. Nothing stays posted, and the communicator is
   usable afterwards. The speculating ranks' results are dropped.
+- The recipe is predicted from the signature (``allreduce.recipe``) when the exchange succeeds, so
+  every rank holds it before any data moves, and checked against the steps the call then issued
+  (``Caller.issued``): a difference, the same on every rank, turns speculation off for that
+  signature rather than leave a replay that would not match.
 - Signatures that are not speculated on (recipe None): GPU buffers, hierarchical steps, anything but
   allreduce; their exchange is the same call, so they mismatch safely with anything.
 """

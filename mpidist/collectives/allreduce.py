@@ -49,6 +49,18 @@ def recipe(ctx, arrays: list[np.ndarray], op: Op) -> tuple | None:
     return tuple(steps)
 
 
+def issued_recipe(ctx, issued: list[tuple]) -> tuple | None:
+    """The steps a Caller recorded (``Caller.issued``) in :func:`recipe`'s form, or None when any
+    was not a flat allreduce of NumPy buffers on the engine's communicator."""
+    steps = []
+    for comm, name, args, nonblocking in issued:
+        send = args[0] if args else None
+        if comm is not ctx.topo.comm or name != "Allreduce" or type(send) is not np.ndarray or len(args) != 3:
+            return None
+        steps.append((send.dtype, send.size, args[2], nonblocking))
+    return tuple(steps)
+
+
 def transfers(ctx, arrays: list[np.ndarray], op: Op) -> list[tuple[np.dtype, int, object]]:
     """``(wire dtype, element count, MPI op)`` of each buffer :func:`run` reduces, in order."""
     if len(arrays) == 1:

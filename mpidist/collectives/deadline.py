@@ -34,7 +34,7 @@ _MAX_NAP = 1e-3
 class Caller:
     """Runs ``comm.<Name>(*args)`` for the steps of one collective; see the module docstring."""
 
-    __slots__ = ("what", "timeout", "deadline", "on_expire", "steps")
+    __slots__ = ("what", "timeout", "deadline", "on_expire", "steps", "issued")
 
     def __init__(self, what: str, timeout: float | None, on_expire: Callable[[str], None]) -> None:
         self.what = what
@@ -42,6 +42,7 @@ class Caller:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.on_expire = on_expire
         self.steps: Any = None  # a timeline.Steps while the timeline records this collective's data steps
+        self.issued: list[tuple] | None = None  # when a list: (comm, MPI name, args, non-blocking) of each step
 
     def __call__(self, comm: MPI.Comm, name: str, *args: Any) -> None:
         """One data step: the blocking call, or its non-blocking variant under a deadline."""
@@ -59,6 +60,8 @@ class Caller:
             self._issue(comm, name, args, True)
 
     def _issue(self, comm: MPI.Comm, name: str, args: tuple, posted: bool) -> None:
+        if self.issued is not None:
+            self.issued.append((comm, name, args, posted or self.deadline is not None))
         if self.deadline is None and not posted:
             getattr(comm, name)(*args)
         else:

@@ -183,10 +183,16 @@ class Pipeline:
                 recipe = getattr(module, "recipe", None) if variant is None else None  # host allreduce
                 agreed_on.check(h, call, key, where, None if recipe is None else
                                 lambda: recipe(ctx, arrays, Op(op_root[0])))
+                if agreed_on.last[1] is not None:  # check the prediction against the steps run
+                    call.issued = []
         if rec is not None:
             prepared, agreed = timeline.agreed(rec, prepared, call)
         if exchange is None:
             results = run(ctx)
+            if call.issued is not None and module.issued_recipe(ctx, call.issued) != agreed_on.last[1]:
+                # the data steps were not the predicted ones (every rank finds the same): never speculate
+                # on this signature, since ranks that did not could not replay them
+                agreed_on.last = (agreed_on.last[0], None)
         else:
             try:
                 results = run(ctx)

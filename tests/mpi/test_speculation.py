@@ -175,3 +175,23 @@ def test_random_walk_of_repeats_changes_and_mismatches(engine, comm, rc_settings
         got = np.concatenate(got) if as_list else got
         want = reduce_all([make(r, np.float32, (size,), seed=step) for r in range(engine.size)], op)
         assert np.array_equal(got, want), (step, size, op, as_list)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_no_speculation_when_the_data_steps_differ_from_the_prediction(engine, monkeypatch):
+    """The recipe a rank would replay is predicted before the data moves and checked against the
+    steps actually issued; a difference (a new data path the prediction does not know) turns
+    speculation off for that signature instead of leaving a wrong replay in place."""
+    from mpidist.collectives import allreduce
+    x = np.ones(64, dtype=np.float32)
+    with mpidist.rc.override(timeout_seconds=60):  # the general path (no cached fast path)
+        assert engine.allreduce(x)[0] == engine.size
+        h = engine.pipeline.agreement.last[0]
+        assert engine.pipeline.agreement.speculates(h)  # predicted == issued
+        engine.allreduce(np.ones(3))  # another signature in between: the next call agrees first again
+        predicted = allreduce.recipe
+        monkeypatch.setattr(allreduce, "recipe", lambda ctx, arrays, op: tuple(
+            (wire, count + 1, mop, posted) for wire, count, mop, posted in predicted(ctx, arrays, op)))
+        assert engine.allreduce(x)[0] == engine.size
+        assert engine.pipeline.agreement.last[0] == h and not engine.pipeline.agreement.speculates(h)
+        assert engine.allreduce(x)[0] == engine.size  # still right, agreeing first
