@@ -69,10 +69,10 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "hierarchical_threshold": (1 << 20, _nonneg_int,
                                "auto uses the hierarchical algorithm from this many bytes per buffer "
                                "when the job spans several nodes with several ranks each"),
-    "iallreduce_threshold": (8 << 20, _nonneg_int,
+    "iallreduce_threshold": (32 << 20, _nonneg_int,
                              "flat allreduces of at least this many bytes per buffer run as MPI_Iallreduce + "
-                             "wait instead of MPI_Allreduce (up to 3-4x faster at 32-64 MB with Open MPI 5 "
-                             "here, often slower up to 4-6 MB); 0 = always; must be equal on every rank"),
+                             "wait instead of MPI_Allreduce (2-3x faster from 32 MB at 2 ranks with Open MPI 5 "
+                             "here, a toss-up below); 0 = always; must be equal on every rank"),
     "bytes_per_pack": (0, _nonneg_int,
                        "default pack size for nested collectives in bytes; 0 = automatic"),
     "local_size": (0, _nonneg_int,
