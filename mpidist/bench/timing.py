@@ -2,10 +2,15 @@
 
 For every case, short blocks (about 10 ms) of each variant alternate, so machine noise hits both
 alike; each block starts after a barrier and is divided by its call count; results are medians over
-blocks. Rank 0 decides when to stop, so all ranks run the same number of blocks.
+blocks. Each round runs one block of every case in a shuffled order (the same on every rank), so
+no case always runs first or always after the same other case (a non-blocking collective, say,
+can leave the next block slower). Rank 0 decides when to stop, so all ranks run the same number of
+blocks. :func:`paired_ratios` gives ratios between cases per round, less sensitive to a load that
+changes between rounds than the ratio of medians.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Callable
@@ -37,21 +42,33 @@ def _block_time(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> fl
 
 def compare(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
     """Median seconds per call of each case; short blocks (~10 ms) of each case interleaved."""
+    return {name: statistics.median(s) for name, s in samples(comm, cases, seconds).items()}
+
+
+def paired_ratios(samples_: dict[str, list[float]], base: str) -> dict[str, float]:
+    """Median over rounds of each case's block time / ``base``'s block time in the same round: the
+    blocks of one round run back to back, so a load change between rounds cancels out."""
+    return {name: statistics.median([a / b for a, b in zip(s, samples_[base])]) for name, s in samples_.items()}
+
+
+def samples(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds: float) -> dict[str, list[float]]:
+    """Seconds per call of each case in each round (one block of every case per round)."""
     for fn in cases.values():  # warm up: first-call costs, tf.function tracing
         _block_time(comm, fn, 3)
     probe = max(_block_time(comm, fn, 3) for fn in cases.values())
     calls = int(comm.bcast(max(1, min(2000, int(0.01 / max(probe, 1e-7)))), root=0))
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
     deadline = time.perf_counter() + seconds
     rounds = 0
     while True:
-        for name, fn in cases.items():
-            samples[name].append(_block_time(comm, fn, calls))
+        for name in random.Random(rounds).sample(names, len(names)):  # the same order on every rank
+            times[name].append(_block_time(comm, cases[name], calls))
         rounds += 1
         # all ranks stop together: rank 0 decides
         if comm.bcast(rounds >= 5 and time.perf_counter() > deadline, root=0):
             break
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return times
 
 
 def fmt_size(nbytes: int) -> str:

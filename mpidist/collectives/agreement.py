@@ -1,11 +1,36 @@
-"""Agreement: before data moves, every rank checks that all ranks run the same collective.
+"""Agreement: every rank checks that all ranks run the same collective, before any result is returned.
 
 A collective's signature (kind, op, root, structure, dtypes, shapes, packing and algorithm
-settings) is hashed to 62 bits, cached per signature, and exchanged with one 16-byte
-non-blocking ``Iallreduce(MIN)`` of ``[h, -h]``: every rank learns min and max of all hashes at once, so all
-ranks see a mismatch together. Then, and only then, the ranks exchange readable descriptions and
-raise :class:`CollectiveMismatchError` naming what each rank sent. The exchange is the same MPI
-call for every kind of collective, so even ranks in different collectives meet in it.
+settings) is hashed to 62 bits, cached per signature, and exchanged with one 24-byte
+non-blocking ``Iallreduce(MIN)`` of ``[h, -h, -speculated]``: every rank learns the min and max of
+all hashes at once, so all ranks see a mismatch together. Then, and only then, the ranks exchange
+readable descriptions and raise :class:`CollectiveMismatchError` naming what each rank sent. The
+exchange is the same MPI call for every kind of collective, so even ranks in different collectives
+meet in it.
+
+**Speculation** (the steady state: the same gradients reduced every step). Waiting for the
+exchange before moving data costs a full round trip of latency per collective. So when this
+rank's signature equals the one agreed on this communicator's previous collective, and that
+collective's data steps are known (:attr:`Agreement.last`: its hash and its *recipe*, the list of
+flat allreduces it issued), the rank posts the exchange, runs the data steps at once, and only then
+waits for the exchange and checks it, before returning anything. Why this is safe:
+
+- ``last`` is the same on every rank: it changes only when an exchange completes, and every rank
+  sees the same outcome of every exchange (set to the agreed signature on success, cleared on a
+  mismatch), on this communicator, in the same order.
+- So ranks that speculate all run the recipe of the same signature, ``last``. If every rank
+  speculates, every signature equals ``last``: there is no mismatch. If some do not, their
+  signatures differ from ``last`` (equal signatures make equal choices): the exchange reports a
+  mismatch, and its third field tells them someone speculated. They then *drain*: issue the same
+  data calls (zeros into scratch buffers) so the speculating ranks' calls complete, and everyone
+  meets in the description exchange and raises. Nothing stays posted, and the communicator is
+  usable afterwards. The speculating ranks' results are dropped.
+- The recipe is predicted from the signature (``allreduce.recipe``) when the exchange succeeds, so
+  every rank holds it before any data moves, and checked against the steps the call then issued
+  (``Caller.issued``): a difference, the same on every rank, turns speculation off for that
+  signature rather than leave a replay that would not match.
+- Signatures that are not speculated on (recipe None): GPU buffers, hierarchical steps, anything but
+  allreduce; their exchange is the same call, so they mismatch safely with anything.
 """
 from __future__ import annotations
 
@@ -16,8 +41,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import CollectiveMismatchError
+from . import deadline
 
 _MASK = (1 << 62) - 1
+
+Recipe = tuple  # ((wire dtype, count, MPI op, non-blocking), ...): the flat allreduces of one collective
 
 
 def signature_hash(key: tuple, cache: dict[tuple, int]) -> int:
@@ -30,22 +58,112 @@ def signature_hash(key: tuple, cache: dict[tuple, int]) -> int:
     return h
 
 
-def agree(comm: MPI.Intracomm, call: Any, key: tuple, cache: dict[tuple, int],
-          describe: Callable[[tuple], str], where: str) -> None:
-    """Raise CollectiveMismatchError on every rank unless all ranks passed an equal ``key``."""
-    h = signature_hash(key, cache)
-    both = np.empty(2, dtype=np.int64)
-    call.nonblocking(comm, "Allreduce", _pair(h), both, MPI.MIN)
-    if both.tolist() != [h, -h]:
-        report(comm, key, describe, where)
+class Exchange:
+    """One posted agreement exchange: its request and buffers (kept alive until it completes)."""
+
+    __slots__ = ("h", "speculated", "send", "recv", "request")
+
+    def __init__(self, comm: MPI.Intracomm, h: int, speculated: bool) -> None:
+        self.h, self.speculated = h, speculated
+        self.send = _triple(h, speculated)
+        self.recv = np.empty(3, dtype=np.int64)
+        self.request = comm.Iallreduce(self.send, self.recv, MPI.MIN)
 
 
-def agree_blocking(comm: MPI.Intracomm, h: int, key: tuple, describe: Callable[[tuple], str], where: str) -> None:
-    """:func:`agree` for a known hash without a deadline (the engine's cached fast path)."""
-    both = np.empty(2, dtype=np.int64)
-    comm.Iallreduce(_pair(h), both, MPI.MIN).Wait()
-    if both.tolist() != [h, -h]:
-        report(comm, key, describe, where)
+class Agreement:
+    """The agreement state of one communicator (one per pipeline); see the module docstring."""
+
+    def __init__(self, comm: MPI.Intracomm, describe: Callable[[tuple], str]) -> None:
+        self.comm = comm
+        self.describe = describe
+        self.hashes: dict[tuple, int] = {}
+        self.last: tuple[int, Recipe | None] | None = None  # (hash, recipe) agreed last on this comm
+
+    def hash(self, key: tuple) -> int:
+        return signature_hash(key, self.hashes)
+
+    def speculates(self, h: int) -> bool:
+        """Whether a collective of hash ``h`` may move data before its exchange completes."""
+        last = self.last
+        return last is not None and last[0] == h and last[1] is not None
+
+    def post(self, h: int, speculated: bool) -> Exchange:
+        return Exchange(self.comm, h, speculated)
+
+    def finish(self, exchange: Exchange, call: Any, key: tuple, where: str,
+               recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
+        """Wait for ``exchange`` (under ``call``'s deadline, when it has one) and check it: on
+        agreement remember (hash, ``recipe``: a callable is called only then, so that its errors,
+        equal on every rank for an agreed signature, come after the check); else drain if needed
+        and raise on every rank."""
+        if call is None:
+            exchange.request.Wait()
+        else:
+            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        self._settle(exchange.recv, exchange.h, exchange.speculated, key, where, recipe)
+
+    def _settle(self, recv: np.ndarray, h: int, speculated: bool, key: tuple, where: str,
+                recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
+        """The outcome of a completed exchange (``recv``), the same on every rank: see :meth:`finish`."""
+        low, neg_high, neg_spec = recv.tolist()
+        if low == h and neg_high == -h:
+            if callable(recipe):
+                self.last = (h, None)
+                recipe = recipe()
+            self.last = (h, recipe)
+            return
+        last, self.last = self.last, None
+        if neg_spec < 0 and not speculated:
+            # ranks that speculated ran the data calls of ``last`` (the same on every rank): match them
+            drain(self.comm, last[1] if last is not None else None, where)
+        report(self.comm, key, self.describe, where)
+
+    def check(self, h: int, call: Any, key: tuple, where: str,
+              recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
+        """Agree before any data moves (the exchange posted and waited for at once)."""
+        self.finish(self.post(h, False), call, key, where, recipe)
+
+    def around(self, h: int, key: tuple, where: str, recipe: Recipe | None, data: Callable[[], Any]) -> Any:
+        """``data()`` (the collective's data steps, no deadline) with the agreement of ``key`` around
+        it: before, or, when speculating, overlapped with it and checked before returning (the
+        cached fast path's version of :meth:`post` + :meth:`finish`, without their objects)."""
+        last = self.last
+        speculated = last is not None and last[0] == h and last[1] is not None
+        send = _triple(h, speculated)
+        recv = np.empty(3, dtype=np.int64)
+        request = self.comm.Iallreduce(send, recv, MPI.MIN)
+        if not speculated:
+            request.Wait()
+            self._settle(recv, h, False, key, where, recipe)
+            return data()
+        try:
+            result = data()
+        except BaseException:
+            deadline.abandon(request, (send, recv), f"{where} (agreement)")
+            raise
+        request.Wait()
+        self._settle(recv, h, True, key, where, recipe)
+        return result
+
+
+def abandon(exchange: Exchange, where: str) -> None:
+    """The data steps of a speculating collective failed: leave its exchange posted (its buffers alive)."""
+    deadline.abandon(exchange.request, (exchange.send, exchange.recv), f"{where} (agreement)")
+
+
+def drain(comm: MPI.Intracomm, recipe: Recipe | None, where: str) -> None:
+    """Issue ``recipe``'s allreduces with zeros, so that ranks which speculated on it can finish."""
+    if recipe is None:  # cannot happen while `last` is equal on every rank (see the module docstring)
+        raise CollectiveMismatchError(
+            f"{where}: ranks issued different collectives while others had already started the previous "
+            f"one's data steps, and this rank does not know them; the communicator cannot be recovered")
+    for wire, count, op, nonblocking in recipe:
+        send = np.zeros(count, dtype=wire)
+        recv = np.empty_like(send)
+        if nonblocking:
+            comm.Iallreduce(send, recv, op).Wait()
+        else:
+            comm.Allreduce(send, recv, op)
 
 
 def report(comm: MPI.Intracomm, key: tuple, describe: Callable[[tuple], str], where: str) -> None:
@@ -54,18 +172,19 @@ def report(comm: MPI.Intracomm, key: tuple, describe: Callable[[tuple], str], wh
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
 
 
-_pairs: dict[int, np.ndarray] = {}
+_triples: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})  # not speculated, speculated
 
 
-def _pair(h: int) -> np.ndarray:
-    """The read-only send buffer ``[h, -h]``, built once per signature."""
-    pair = _pairs.get(h)
-    if pair is None:
-        if len(_pairs) > 4096:
-            _pairs.clear()
-        pair = _pairs[h] = np.array([h, -h], dtype=np.int64)
-        pair.flags.writeable = False
-    return pair
+def _triple(h: int, speculated: bool) -> np.ndarray:
+    """The read-only send buffer ``[h, -h, -speculated]``, built once per signature."""
+    cache = _triples[speculated]
+    triple = cache.get(h)
+    if triple is None:
+        if len(cache) > 4096:
+            cache.clear()
+        triple = cache[h] = np.array([h, -h, -int(speculated)], dtype=np.int64)
+        triple.flags.writeable = False
+    return triple
 
 
 def mismatch_message(where: str, descriptions: list[Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import buffers, compression, packing
+from .algorithms import flat
 from .ops import Op, finish_mean, rules
 
 
@@ -34,6 +35,50 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
         algorithm = ctx.algorithm(a.size * wire.itemsize)
         return [one(a, wire, mop, op, ctx.size, lambda send, recv: algorithm.allreduce(ctx, send, recv, mop))]
     return reduce_packs(ctx, arrays, op, lambda algorithm, send, recv, mop: algorithm.allreduce(ctx, send, recv, mop))
+
+
+def recipe(ctx, arrays: list[np.ndarray], op: Op) -> tuple | None:
+    """The MPI calls :func:`run` issues for ``arrays``, when all are flat allreduces on the engine's
+    communicator: ``((wire dtype, count, MPI op, non-blocking), ...)`` in order; else None.
+
+    What a rank that did not speculate replays to match ranks that did (agreement.py)."""
+    if ctx.compression != "none" and op in compression.OPS:  # Alltoallv + Allgatherv: not replayable
+        return None
+    deadline = ctx.call.deadline is not None
+    steps = []
+    for wire, count, mop in transfers(ctx, arrays, op):
+        nbytes = count * wire.itemsize
+        if ctx.algorithm(nbytes) is not flat:
+            return None
+        steps.append((wire, count, mop, flat.posts_allreduce(nbytes, ctx.iallreduce_from, deadline)))
+    return tuple(steps)
+
+
+def issued_recipe(ctx, issued: list[tuple]) -> tuple | None:
+    """The steps a Caller recorded (``Caller.issued``) in :func:`recipe`'s form, or None when any
+    was not a flat allreduce of NumPy buffers on the engine's communicator."""
+    steps = []
+    for comm, name, args, nonblocking in issued:
+        send = args[0] if args else None
+        if comm is not ctx.topo.comm or name != "Allreduce" or type(send) is not np.ndarray or len(args) != 3:
+            return None
+        steps.append((send.dtype, send.size, args[2], nonblocking))
+    return tuple(steps)
+
+
+def transfers(ctx, arrays: list[np.ndarray], op: Op) -> list[tuple[np.dtype, int, object]]:
+    """``(wire dtype, element count, MPI op)`` of each buffer :func:`run` reduces, in order."""
+    if len(arrays) == 1:
+        wire, mop = rules(arrays[0].dtype, op, ctx.where, "leaf 0 of `value`")
+        return [(wire, arrays[0].size, mop)]
+    rule = dtype_rules(ctx, arrays, op)
+    dtypes = [a.dtype for a in arrays]
+    nbytes = [a.size * rule[d][0].itemsize for a, d in zip(arrays, dtypes)]
+    out = []
+    for pack in ctx.plan(nbytes, dtypes):
+        wire, mop = rule[dtypes[pack[0]]]
+        out.append((wire, sum([arrays[i].size for i in pack]), mop))
+    return out
 
 
 def dtype_rules(ctx, arrays: list[np.ndarray], op: Op) -> dict[np.dtype, tuple[np.dtype, object]]:

@@ -34,7 +34,7 @@ _MAX_NAP = 1e-3
 class Caller:
     """Runs ``comm.<Name>(*args)`` for the steps of one collective; see the module docstring."""
 
-    __slots__ = ("what", "timeout", "deadline", "on_expire", "steps")
+    __slots__ = ("what", "timeout", "deadline", "on_expire", "steps", "issued")
 
     def __init__(self, what: str, timeout: float | None, on_expire: Callable[[str], None]) -> None:
         self.what = what
@@ -42,27 +42,43 @@ class Caller:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.on_expire = on_expire
         self.steps: Any = None  # a timeline.Steps while the timeline records this collective's data steps
+        self.issued: list[tuple] | None = None  # when a list: (comm, MPI name, args, non-blocking) of each step
 
     def __call__(self, comm: MPI.Comm, name: str, *args: Any) -> None:
+        """One data step: the blocking call, or its non-blocking variant under a deadline."""
         if self.steps is not None:
-            self.steps.timed(name, comm, lambda: self._issue(comm, name, args), args)
+            self.steps.timed(name, comm, lambda: self._issue(comm, name, args, False), args)
         else:
-            self._issue(comm, name, args)
+            self._issue(comm, name, args, False)
 
-    def _issue(self, comm: MPI.Comm, name: str, args: tuple) -> None:
-        if self.deadline is None:
+    def posted(self, comm: MPI.Comm, name: str, *args: Any) -> None:
+        """One data step as the non-blocking variant always (``Iallreduce`` + wait: faster than the
+        blocking call for large buffers on some MPI libraries; see ``rc.iallreduce_threshold``)."""
+        if self.steps is not None:  # on the timeline by the MPI call made: Iallreduce
+            self.steps.timed("I" + name.lower(), comm, lambda: self._issue(comm, name, args, True), args)
+        else:
+            self._issue(comm, name, args, True)
+
+    def _issue(self, comm: MPI.Comm, name: str, args: tuple, posted: bool) -> None:
+        if self.issued is not None:
+            self.issued.append((comm, name, args, posted or self.deadline is not None))
+        if self.deadline is None and not posted:
             getattr(comm, name)(*args)
         else:
             self.nonblocking(comm, name, *args)
 
     def nonblocking(self, comm: MPI.Comm, name: str, *args: Any) -> None:
         """Run the non-blocking variant of ``comm.<name>`` and wait for it (up to the deadline)."""
-        request = getattr(comm, "I" + name.lower())(*args)
+        self.wait(getattr(comm, "I" + name.lower())(*args), comm, name, args)
+
+    def wait(self, request: MPI.Request, comm: MPI.Comm, name: str, buffers: tuple) -> None:
+        """Wait for ``request`` (MPI step ``name`` on ``comm``, posted already) up to the deadline;
+        past it the request is abandoned with ``buffers`` kept alive (see the module docstring)."""
         if self.deadline is None:
             request.Wait()
             return
         if not _wait(request, self.deadline):
-            _abandon(request, args, self.what)
+            abandon(request, buffers, self.what)
             message = (f"{self.what}: not finished within timeout_seconds={self.timeout:g}: at least one of "
                        f"the {comm.Get_size()} ranks taking part has not reached this collective "
                        f"(MPI step {name}). This communicator now refuses further collectives.")
@@ -83,7 +99,14 @@ def _wait(request: MPI.Request, deadline: float) -> bool:
     return True
 
 
-def _abandon(request: MPI.Request, buffers: tuple, what: str) -> None:
+def abandon(request: MPI.Request, buffers: tuple, what: str) -> None:
+    """Give up waiting for ``request`` (its ``buffers`` stay alive: MPI may still use them); if it is
+    still incomplete at interpreter exit, the job is aborted rather than left hanging in MPI_Finalize."""
+    try:
+        if request.Test():
+            return
+    except MPI.Exception:  # finished in error (a revoked communicator): nothing stays posted
+        return
     if not _abandoned:
         atexit.register(_abort_if_pending)
     _abandoned.append((request, buffers, what))

@@ -9,8 +9,9 @@ a plain allreduce on the cached fast path, all through the same pipeline methods
 2. prepare: flatten the nest, turn leaves into contiguous NumPy arrays (device arrays go to
    collectives/gpu), resolve the per-call options (:class:`~mpidist.collectives.options.CallOptions`:
    the keyword arguments, or ``options=``, over ``mpidist.rc``), validate arguments;
-3. agree: one 16-byte Allreduce checks that every rank issues the same collective
-   (``rc.check_agreement``; see agreement.py);
+3. agree: one 24-byte Allreduce checks that every rank issues the same collective
+   (``rc.check_agreement``; see agreement.py), before the data moves or, on a repeat of the
+   previous signature, overlapped with it and checked before anything is returned;
 4. run the collective module (allreduce.py, broadcast.py …) pack by pack, each pack with the
    flat or hierarchical algorithm (``algorithm=`` or ``rc.algorithm``; "auto" by topology and size),
    and record it on the timeline (``rc.timeline``);

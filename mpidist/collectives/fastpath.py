@@ -6,8 +6,10 @@ key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeli
 dtypes and shapes: the agreement hash, the pack plan (the same ``packing.plan`` as the general
 path, so ranks on either path issue identical MPI calls), wire dtypes, MPI ops and the offsets
 of each leaf in its pack. A later call with the same op, leaf types, dtypes and shapes then does
-only: agreement (one 16-byte allreduce), one ``np.concatenate`` into a recycled buffer per pack,
-the MPI call, MEAN's division, and slicing the results out as views.
+only: agreement (one 24-byte allreduce; overlapped with the data when this repeats the previous
+collective's signature, see agreement.py), one ``np.concatenate`` into a recycled buffer per pack,
+the MPI call (``Allreduce``, or ``Iallreduce`` + wait from ``rc.iallreduce_threshold`` bytes, as
+the general path), MEAN's division, and slicing the results out as views.
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
@@ -21,8 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .._config import rc
-from . import agreement, allreduce, buffers, nest, packing
+from . import allreduce, buffers, nest, packing
 from .algorithms import choose, flat
+from .algorithms.flat import posts_allreduce
 from .ops import Op, finish_mean, rules
 
 _MAX_ENTRIES = 256
@@ -81,16 +84,21 @@ class FastPaths:
 
     # -- building the cached functions ----------------------------------------------------------
 
-    def _agree(self, red: Op, structure: str, arrays: list[np.ndarray]) -> Callable[[], None]:
-        """The agreement step with the general path's key, hash computed once."""
+    def _agreed(self, red: Op, structure: str, arrays: list[np.ndarray], data: Callable) -> Callable | None:
+        """``data`` with the agreement step around it, as on the general path: the same key, its hash
+        computed once, the same speculation (agreement.py). None: leave this call to the general path."""
         pipeline = self._pipeline
         if not rc.check_agreement:
-            return lambda: None
+            return data
         key = pipeline.key("allreduce", (red.value, None), structure, allreduce.signature(arrays),
                            rc.algorithm, rc.bytes_per_pack, None, False)
         h = pipeline.agreement_hash(key)
-        comm, describe = pipeline.comm, pipeline.describe
-        return lambda: agreement.agree_blocking(comm, h, key, describe, "allreduce")
+        agreed_on = pipeline.agreement
+        last = agreed_on.last  # the general path has just agreed on this very key: its data steps
+        if last is None or last[0] != h:
+            return None
+        recipe = last[1]
+        return lambda x: agreed_on.around(h, key, "allreduce", recipe, lambda: data(x))
 
     def _flat(self, nbytes: int) -> bool:
         topo = self._pipeline.topology
@@ -100,12 +108,17 @@ class FastPaths:
         wire, mop = rules(value.dtype, red, "allreduce", "leaf 0 of `value`")
         if not self._flat(value.size * wire.itemsize):
             return None
-        agree, comm, size = self._agree(red, "*", [value]), self._pipeline.comm, self._pipeline.size
+        comm, size = self._pipeline.comm, self._pipeline.size
 
-        def transfer(send: np.ndarray, recv: np.ndarray) -> None:
-            comm.Allreduce(send, recv, mop)
+        if posts_allreduce(value.size * wire.itemsize, rc.iallreduce_threshold, False):
+            def transfer(send: np.ndarray, recv: np.ndarray) -> None:
+                comm.Iallreduce(send, recv, mop).Wait()
+        else:
+            def transfer(send: np.ndarray, recv: np.ndarray) -> None:
+                comm.Allreduce(send, recv, mop)
 
-        return self._monitored(lambda x: (agree(), allreduce.one(x, wire, mop, red, size, transfer))[1])
+        run = self._agreed(red, "*", [value], lambda x: allreduce.one(x, wire, mop, red, size, transfer))
+        return None if run is None else self._monitored(run)
 
     def _list_path(self, red: Op, value: list | tuple) -> Callable | None:
         arrays = list(value)
@@ -118,7 +131,7 @@ class FastPaths:
         if not all(self._flat(sum(nbytes[i] for i in pack)) for pack in plan):
             return None
         structure = nest.structure_key(nest.flatten(value)[1])  # the general path's text, so keys match
-        agree, comm, size = self._agree(red, structure, arrays), self._pipeline.comm, self._pipeline.size
+        comm, size = self._pipeline.comm, self._pipeline.size
         mean = red is Op.MEAN and size > 1
         steps = []
         for pack in plan:
@@ -128,28 +141,32 @@ class FastPaths:
                 n = arrays[i].size
                 bounds.append((slice(at, at + n), arrays[i].shape if arrays[i].ndim != 1 else None))
                 at += n
-            steps.append((pack, dtype, at, rule[dtype][1], bounds))
+            steps.append((pack, dtype, at, rule[dtype][1], bounds,
+                          posts_allreduce(at * dtype.itemsize, rc.iallreduce_threshold, False)))
         whole = len(plan) == 1 and plan[0] == list(range(len(arrays)))
         kind, count = type(value), len(arrays)
 
-        def run(leaves: list | tuple) -> list | tuple:
-            agree()
+        def data(leaves: list | tuple) -> list | tuple:
             results: list[Any] = [None] * count
-            for pack, dtype, total, mop, bounds in steps:
+            for pack, dtype, total, mop, bounds, posted in steps:
                 if len(pack) == 1:
                     send = np.ascontiguousarray(leaves[pack[0]]).reshape(-1)
                 else:
                     send = buffers.empty(total, dtype)
                     np.concatenate(leaves if whole else [leaves[i] for i in pack], axis=None, out=send)
                 recv = buffers.empty(total, dtype)
-                comm.Allreduce(send, recv, mop)
+                if posted:
+                    comm.Iallreduce(send, recv, mop).Wait()
+                else:
+                    comm.Allreduce(send, recv, mop)
                 if mean:
                     finish_mean(recv, size)
                 for i, (where, shape) in zip(pack, bounds):
                     results[i] = recv[where] if shape is None else recv[where].reshape(shape)
             return results if kind is list else tuple(results)
 
-        return self._monitored(run)
+        run = self._agreed(red, structure, arrays, data)
+        return None if run is None else self._monitored(run)
 
     def _monitored(self, run: Callable) -> Callable:
         monitor = self._pipeline.monitor

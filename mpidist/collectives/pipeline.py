@@ -8,14 +8,18 @@ fast path (fastpath.py), takes the same steps through the same public methods:
    inside different collectives) or the engine was closed;
 2. prepare: the caller turns its leaves into contiguous arrays and resolves its
    :class:`~mpidist.collectives.options.CallOptions` (this module does not care how);
-3. :meth:`Pipeline.execute`: **agree** (one 16-byte allreduce checks that every rank issues the
+3. :meth:`Pipeline.execute`: **agree** (one 24-byte allreduce checks that every rank issues the
    same collective, ``rc.check_agreement``; see agreement.py), **run** the collective's data steps
-   through a :class:`Call`, **record** it on the timeline (``rc.timeline``);
+   through a :class:`Call`, **record** it on the timeline (``rc.timeline``). A repeat of the
+   previous collective's signature whose data steps are flat allreduces *speculates*: the
+   agreement is posted, the data steps run while it completes, and it is checked before anything
+   is returned (agreement.py says why a mismatch is still an error on every rank, and no hang);
 4. :meth:`Pipeline.mark_broken`: a step that missed its deadline marks the pipeline broken
    (the :class:`~mpidist.collectives.deadline.Caller` of each call does it).
 
 A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topology.Topology`
-(the private clone, node and leader communicators), the agreement's hash cache, the stall
+(the private clone, node and leader communicators), the :class:`~mpidist.collectives.agreement.Agreement`
+(hash cache, last agreed signature), the stall
 monitor (``rc.stall_seconds``), the timeline track, the fast path's cache and, in
 ``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py). So swapping an
 engine's communicator is building a new Pipeline (``Engine.replace_comm``), and :meth:`close`
@@ -50,11 +54,12 @@ class Call:
     """
 
     __slots__ = ("where", "topo", "call", "size", "algorithm_name", "threshold", "bytes_per_pack", "num_packs",
-                 "notes", "compression")
+                 "iallreduce_from", "notes", "compression")
 
     def __init__(self, where: str, topo: Topology, call: Caller, options: Resolved) -> None:
         self.where, self.topo, self.call, self.size = where, topo, call, topo.size
         self.algorithm_name, self.threshold = options.algorithm, rc.hierarchical_threshold
+        self.iallreduce_from = rc.iallreduce_threshold  # flat allreduces from this size: Iallreduce + wait
         self.bytes_per_pack, self.num_packs = options.bytes_per_pack, options.num_packs
         self.notes: dict[str, Any] | None = None
         self.compression = options.compression  # "none", "float16" or "bfloat16" (compression.py)
@@ -78,7 +83,7 @@ class Pipeline:
         # Other packages' per-communicator state, dropped with the pipeline (the GPU path keeps its
         # job facts and NCCL communicators here); values with a close() method are closed by close().
         self.extensions: dict[str, Any] = {}
-        self._hashes: dict[tuple, int] = {}
+        self.agreement = agreement.Agreement(topology.comm, self.describe)
         self._track: tuple[Any, int] | None = None  # (timeline recorder, this pipeline's thread id there)
 
     @property
@@ -164,16 +169,39 @@ class Pipeline:
         call = Caller(where, options.timeout, self.mark_broken)
         ctx = Call(where, self.topology, call, options)
         prepared = agreed = None  # timeline marks: end of prepare, end of agreement
+        exchange = None  # the agreement, posted and not yet checked, when speculating
         if rc.check_agreement:
             key = self.key(where, op_root, structure_of(tree), module.signature(arrays),
                            options.algorithm if variant is None else f"{options.algorithm}|{variant}",
                            options.bytes_per_pack, options.num_packs, options.timeout is not None,
                            options.compression)
             prepared = rec.now() if rec is not None else None
-            agreement.agree(self.topology.comm, call, key, self._hashes, self.describe, where)
+            agreed_on = self.agreement
+            h = agreed_on.hash(key)
+            if agreed_on.speculates(h):
+                exchange = agreed_on.post(h, True)
+                ctx.notes = {"agreement": "speculative: overlapped with the data, checked before returning"}
+            else:
+                recipe = getattr(module, "recipe", None) if variant is None else None  # host allreduce
+                agreed_on.check(h, call, key, where, None if recipe is None else
+                                lambda: recipe(ctx, arrays, Op(op_root[0])))
+                if agreed_on.last[1] is not None:  # check the prediction against the steps run
+                    call.issued = []
         if rec is not None:
             prepared, agreed = timeline.agreed(rec, prepared, call)
-        results = run(ctx)
+        if exchange is None:
+            results = run(ctx)
+            if call.issued is not None and module.issued_recipe(ctx, call.issued) != agreed_on.last[1]:
+                # the data steps were not the predicted ones (every rank finds the same): never speculate
+                # on this signature, since ranks that did not could not replay them
+                agreed_on.last = (agreed_on.last[0], None)
+        else:
+            try:
+                results = run(ctx)
+            except BaseException:
+                agreement.abandon(exchange, where)
+                raise
+            agreed_on.finish(exchange, call, key, where, agreed_on.last[1])
         if rec is not None:
             self.record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, options.algorithm,
                         ctx.notes)
@@ -184,11 +212,12 @@ class Pipeline:
             npk: int | None, deadline: bool, compression: str = "none") -> tuple:
         """What ranks must agree on (see agreement.py and :meth:`describe`)."""
         return (where, op_root, structure, signature, alg,
-                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline, compression)
+                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline, compression,
+                rc.iallreduce_threshold if where == "allreduce" else None)
 
     def agreement_hash(self, key: tuple) -> int:
         """The agreement hash of ``key`` (cached), for callers that agree with a precomputed hash."""
-        return agreement.signature_hash(key, self._hashes)
+        return self.agreement.hash(key)
 
     @staticmethod
     def describe(key: tuple) -> str:
@@ -245,7 +274,7 @@ def structure_of(tree: Any) -> str:
 
 
 def _describe(key: tuple) -> str:
-    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline, compression = key
+    where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline, compression, posted_from = key
     parts = []
     if op is not None:
         parts.append(f"op={Op(op).name}")
@@ -262,4 +291,6 @@ def _describe(key: tuple) -> str:
     parts.append("with a deadline" if deadline else "no deadline")
     if compression != "none":
         parts.append(f"compression={compression}")
+    if posted_from is not None:
+        parts.append(f"iallreduce_threshold={posted_from}")
     return f"{where}({', '.join(parts)})"

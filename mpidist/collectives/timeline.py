@@ -10,9 +10,10 @@ Every collective is one span named after it (``allreduce``, ``broadcast`` …, w
 op, algorithm) holding its phases, in order:
 
 - ``prepare``: flatten the nest, turn leaves into host arrays, validate, build the signature;
-- ``agreement``: the 16-byte signature exchange (``rc.check_agreement``). It completes only when
+- ``agreement``: the 24-byte signature exchange (``rc.check_agreement``). It completes only when
   every rank has arrived, so on a rank that came early this span is mostly **waiting** for the
-  slowest rank;
+  slowest rank. When the collective speculates (agreement.py; ``args.agreement`` says so), the
+  span is only its posting and the check falls into ``unpack``;
 - ``transfer``: each MPI call moving data (``args.mpi`` names it: Allreduce, Bcast, the steps of
   the hierarchical algorithm on the node or leaders communicator …). Without agreement, the wait
   for late ranks falls into the first transfer;

@@ -12,6 +12,7 @@ import contextlib
 import weakref
 from typing import Any, Callable, Iterator
 
+import numpy as np
 from mpi4py import MPI
 
 from ..collectives import Engine
@@ -147,10 +148,23 @@ class StrategyExtended:
             raise RuntimeError(f"{where}: the strategy was closed (strategy.close(), or the end of its `with` "
                                f"block), which freed its communicators; build a new strategy")
 
+    def call_options(self, options: Any, experimental_hints: Any, where: str) -> CommunicationOptions:
+        """The strategy's options with a call's ``options`` and ``experimental_hints`` merged over them."""
+        if options is None and experimental_hints is None:  # the common case: nothing to merge
+            return self._options
+        return self._options.merge(hints_and_options(options, experimental_hints, where))
+
     def all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
         """Reduce this rank's ``value`` (a nest) across replicas with ``options`` (already merged)."""
-        self.check_open(f"{type(self._container).__name__}: all_reduce")
-        return self._cross_device_ops.all_reduce_local(op, map_local(value), options, "all_reduce")
+        if self._container.closed:
+            self.check_open(f"{type(self._container).__name__}: all_reduce")
+        ops = self._cross_device_ops
+        if type(value) is np.ndarray and type(ops) is MPIAllReduce and not ops.bytes_per_pack \
+                and not options.bytes_per_pack and options.timeout_seconds is None:
+            # what MPIAllReduce.all_reduce_local does for one host array (the implementation choice only
+            # concerns device arrays), without building its per-call arguments: the engine's fast path
+            return self._engine.allreduce(value, op.value)
+        return ops.all_reduce_local(op, map_local(value), options, "all_reduce")
 
     def gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
         """Concatenate every replica's ``value`` along ``axis`` (``where`` names the caller)."""
@@ -163,7 +177,7 @@ class StrategyExtended:
         and ignored: one device per rank)."""
         where = f"{type(self._container).__name__}.extended.reduce_to"
         op = as_reduce_op(reduce_op, where)
-        return self.all_reduce(op, value, self._options.merge(hints_and_options(options, experimental_hints, where)))
+        return self.all_reduce(op, value, self.call_options(options, experimental_hints, where))
 
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
                         experimental_hints: Any = None) -> list[Any]:
@@ -173,8 +187,7 @@ class StrategyExtended:
         values = [v for v, _ in value_destination_pairs]
         if not values:
             return []
-        opts = self._options.merge(hints_and_options(options, experimental_hints, where))
-        return list(self.all_reduce(op, values, opts))
+        return list(self.all_reduce(op, values, self.call_options(options, experimental_hints, where)))
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
@@ -272,7 +285,7 @@ class Strategy(metaclass=StrategyType):
         where = f"{type(self).__name__}.reduce"
         self._extended.check_open(where)
         op = as_reduce_op(reduce_op, where)
-        opts = self._extended.options.merge(hints_and_options(options, experimental_hints, where))
+        opts = self._extended.call_options(options, experimental_hints, where)
         if axis is None:
             return self._extended.all_reduce(op, value, opts)
         return reduce_along_axis(self._extended.engine, op, value, axis, opts, where)

@@ -142,8 +142,8 @@ class ReplicaContext:
         """Reduce a nest across replicas in one logical collective."""
         where = "ReplicaContext.all_reduce"
         op = as_reduce_op(reduce_op, where)
-        opts = self._strategy.extended.options.merge(hints_and_options(options, experimental_hints, where))
-        return self._strategy.extended.all_reduce(op, value, opts)
+        extended = self._strategy.extended
+        return extended.all_reduce(op, value, extended.call_options(options, experimental_hints, where))
 
     def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""

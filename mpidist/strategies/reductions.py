@@ -20,6 +20,9 @@ from ..values import local
 
 def map_local(value: Any) -> Any:
     """``value`` with every DistributedValues replaced by its local component."""
+    kind = type(value)
+    if kind is np.ndarray or ((kind is tuple or kind is dict) and not value):  # nothing to replace
+        return value
     leaves, tree = nest.flatten(local(value))
     return nest.unflatten(tree, [local(leaf) for leaf in leaves])
 

@@ -14,8 +14,17 @@ def displacements(counts: np.ndarray | list[int]) -> list[int]:
     return displs
 
 
+def posts_allreduce(nbytes: int, threshold: int, deadline: bool) -> bool:
+    """Whether a flat allreduce of ``nbytes`` is ``Iallreduce`` + wait rather than ``Allreduce``:
+    always under a deadline, else from ``threshold`` bytes (``rc.iallreduce_threshold``)."""
+    return deadline or nbytes >= threshold
+
+
 def allreduce(ctx, send: np.ndarray, recv: np.ndarray, op: MPI.Op) -> None:
-    ctx.call(ctx.topo.comm, "Allreduce", send, recv, op)
+    if send.nbytes >= ctx.iallreduce_from:
+        ctx.call.posted(ctx.topo.comm, "Allreduce", send, recv, op)
+    else:
+        ctx.call(ctx.topo.comm, "Allreduce", send, recv, op)
 
 
 def bcast(ctx, buf: np.ndarray, root: int) -> None:

@@ -1,0 +1,120 @@
+"""``python -m mpidist bench paths``: one allreduce through every layer, against raw MPI, in one run.
+
+For each size (default 1, 4, 16 and 64 MB of float32), short blocks of these cases alternate
+(bench/timing.py: barrier-started blocks, medians), all on communicators of the same kind:
+
+- ``raw Allreduce``: ``comm.Allreduce(x, out)`` into a preallocated ``out``;
+- ``raw Iallreduce``: ``comm.Iallreduce(x, out).Wait()``;
+- ``engine``: ``Engine.allreduce(x)``;
+- ``reduce``: ``strategy.reduce("sum", x, axis=None)`` on a NumPy-mode MultiWorkerMirroredStrategy;
+- ``replica``: ``strategy.run(lambda: get_replica_context().all_reduce("sum", x))``.
+
+All with ``rc``'s settings as they are (agreement on by default). ``--before PATH`` also times the
+last three on the mpidist found at ``PATH/mpidist`` (another checkout, e.g. the main branch),
+loaded in the same processes as ``mpidist_before`` and interleaved with the rest, so a before/after
+comparison shares the machine's noise. Ratios are to raw Allreduce: in each round (one block of
+every case, back to back) time / raw Allreduce's time, then the median over rounds (1.00 = as
+fast, below 1 = faster); with the machine loaded by other jobs this is steadier than the ratio of
+the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .timing import fmt_size, paired_ratios, parse_size, samples
+
+PATHS = ("engine", "reduce", "replica")
+
+
+def load_before(path: str, name: str = "mpidist_before") -> ModuleType:
+    """The package at ``path``/mpidist, imported as ``name`` (its own rc, engines and caches)."""
+    init = os.path.join(path, "mpidist", "__init__.py")
+    if not os.path.isfile(init):
+        raise FileNotFoundError(f"python -m mpidist bench paths: `--before` must name a checkout holding "
+                                f"mpidist/__init__.py, got {path!r}")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _paths(package: Any, x: np.ndarray) -> tuple[dict[str, Callable[[], object]], Any]:
+    """The three mpidist cases of one package (this one or ``--before``'s) and its strategy."""
+    strategy = package.numpy.MultiWorkerMirroredStrategy()
+    engine = strategy.extended.engine
+    replica_context = package.get_replica_context
+
+    def replica() -> object:
+        return strategy.run(lambda: replica_context().all_reduce("sum", x))
+
+    return {"engine": lambda: engine.allreduce(x), "reduce": lambda: strategy.reduce("sum", x, axis=None),
+            "replica": replica}, strategy
+
+
+def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> list[dict]:
+    import mpidist
+    comm = MPI.COMM_WORLD
+    rows = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, dtype=np.float32)
+        out, out_i = np.empty_like(x), np.empty_like(x)  # a result buffer per raw case (mpidist: its pool)
+        cases, strategy = _paths(mpidist, x)
+        raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
+        strategies = [strategy]
+        timed: dict[str, Callable[[], object]] = {
+            "raw Allreduce": lambda: raw.Allreduce(x, out),
+            "raw Iallreduce": lambda: raw.Iallreduce(x, out_i).Wait()}
+        timed.update(cases)
+        if before is not None:
+            old, old_strategy = _paths(before, x)
+            timed.update({f"{name} before": fn for name, fn in old.items()})
+            strategies.append(old_strategy)
+        for name, fn in cases.items():  # results equal to the reference, on every path, before timing
+            if not np.array_equal(fn(), np.full_like(x, comm.Get_size())):
+                raise RuntimeError(f"python -m mpidist bench paths: {name} gave a wrong result at {fmt_size(nbytes)}")
+        times = samples(comm, timed, seconds)
+        rows.append({"size": fmt_size(nbytes), "bytes": nbytes, "rounds": len(times["raw Allreduce"]),
+                     "median": {name: statistics.median(t) for name, t in times.items()},
+                     "ratio": paired_ratios(times, "raw Allreduce")})
+        for s in strategies:
+            s.close()
+    return rows
+
+
+def table(rows: list[dict], size: int, before: bool) -> str:
+    names = ["raw Allreduce", "raw Iallreduce"] + [p + s for p in PATHS for s in ((" before", "") if before else ("",))]
+    lines = [f"mpidist bench paths: allreduce of float32, {size} ranks: median ms per call (median over rounds "
+             f"of time / raw Allreduce's time in the same round)",
+             f"{'size':<8}{'rounds':>7}" + "".join(f"{n:>22}" for n in names)]
+    for row in rows:
+        cells = [f"{row['median'][n] * 1e3:9.3f} ({row['ratio'][n]:5.2f}x)" for n in names]
+        lines.append(f"{row['size']:<8}{row['rounds']:>7}" + "".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpidist bench paths", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1MB,4MB,16MB,64MB",
+                        help="comma-separated sizes (default 1MB,4MB,16MB,64MB)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="time spent per size (default 3)")
+    parser.add_argument("--before", default=None, metavar="PATH",
+                        help="also time the mpidist of another checkout (PATH/mpidist), interleaved")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    before = load_before(args.before) if args.before else None
+    rows = run([parse_size(s) for s in args.sizes.split(",") if s.strip()], args.seconds, before)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(rows, indent=1) if args.json else table(rows, MPI.COMM_WORLD.Get_size(), before is not None),
+              flush=True)
+    return 0
