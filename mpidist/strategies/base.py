@@ -160,7 +160,7 @@ class StrategyExtended:
             self.check_open(f"{type(self._container).__name__}: all_reduce")
         ops = self._cross_device_ops
         if type(value) is np.ndarray and type(ops) is MPIAllReduce and not ops.bytes_per_pack \
-                and not options.bytes_per_pack and options.timeout_seconds is None:
+                and not options.bytes_per_pack and options.timeout_seconds is None and options.compression is None:
             # what MPIAllReduce.all_reduce_local does for one host array (the implementation choice only
             # concerns device arrays), without building its per-call arguments: the engine's fast path
             return self._engine.allreduce(value, op.value)
