@@ -133,3 +133,26 @@ def byte_layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
 def bytes_of(array: Any) -> Any:
     """A contiguous array's memory as a 1-D uint8 view."""
     return array.reshape(-1).view(np.uint8)
+
+
+def backprop_buckets(sizes: Sequence[int | None], limit: int | None) -> list[list[int]]:
+    """Indices of ``sizes`` (bytes) in buckets for overlapping gradients with backprop: walked from
+    the last index (whose gradient exists first), a bucket closes at the first entry that brings it
+    to ``limit`` bytes; within a bucket the indices keep the list's order. One bucket of everything
+    when ``limit`` is None or a size is unknown (None), since every rank must make the same plan.
+    (The TensorFlow bridge's buckets, tensorflow/buckets.py, and the cost model's overlap use it.)"""
+    n = len(sizes)
+    if limit is None or n < 2 or any(s is None for s in sizes):
+        return [list(range(n))] if n else []
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    held = 0
+    for i in reversed(range(n)):
+        current.append(i)
+        held += sizes[i]
+        if held >= limit:
+            buckets.append(sorted(current))
+            current, held = [], 0
+    if current:
+        buckets.append(sorted(current))
+    return buckets

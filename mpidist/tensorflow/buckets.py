@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from .._config import rc
 from ..collectives.options import CallOptions
-from ..collectives.packing import AUTO_PACK_BYTES
+from ..collectives.packing import AUTO_PACK_BYTES, backprop_buckets
 
 DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
 
@@ -59,24 +59,8 @@ def nbytes(t: tf.Tensor) -> int | None:
 
 
 def plan(sizes: Sequence[int | None], limit: int | None) -> list[list[int]]:
-    """Indices of ``sizes`` in buckets, in backprop order (last index first); within a bucket the
-    indices keep the list's order. One bucket of everything when ``limit`` is None or a size is
-    unknown."""
-    n = len(sizes)
-    if limit is None or n < 2 or any(s is None for s in sizes):
-        return [list(range(n))] if n else []
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    held = 0
-    for i in reversed(range(n)):
-        current.append(i)
-        held += sizes[i]
-        if held >= limit:
-            buckets.append(sorted(current))
-            current, held = [], 0
-    if current:
-        buckets.append(sorted(current))
-    return buckets
+    """Indices of ``sizes`` in buckets, in backprop order: :func:`mpidist.collectives.packing.backprop_buckets`."""
+    return backprop_buckets(sizes, limit)
 
 
 def run_bucketed(reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]], tensors: Sequence[tf.Tensor],

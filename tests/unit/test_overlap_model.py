@@ -1,5 +1,5 @@
-"""The overlap model (tools/costmodel/overlap.py): its bucket plan is mpidist's, its schedule keeps
-the collectives' order and never beats max(compute, communication), and its CLI runs. Serial."""
+"""The overlap model (tools/costmodel/overlap.py): the bucket rule it shares with the TF bridge,
+its schedule keeps the collectives' order and never beats max(compute, communication), and its CLI runs. Serial."""
 from __future__ import annotations
 
 import json
@@ -13,18 +13,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from mpidist.collectives.packing import backprop_buckets  # noqa: E402
 from tools.costmodel import overlap  # noqa: E402
 from tools.costmodel.__main__ import main as costmodel_main  # noqa: E402
 
 
 @pytest.mark.parametrize("limit", [1, 100, 4096, 1 << 22, 1 << 40])
-def test_plan_is_mpidists(limit):
-    pytest.importorskip("tensorflow")
-    from mpidist.tensorflow import buckets
+def test_backprop_buckets_close_at_the_first_entry_that_fills_them(limit):
+    """The one bucket rule (packing.backprop_buckets), which the TF bridge and this model share:
+    contiguous index ranges from the end, each closed by the first entry that brings it to the
+    limit; only the last bucket may stay below it."""
     rng = np.random.default_rng(limit % 1000)
-    for _ in range(20):
+    for _ in range(50):
         sizes = [int(s) for s in rng.integers(1, 5000, size=rng.integers(1, 12))]
-        assert overlap.plan(sizes, limit) == buckets.plan(sizes, limit)
+        got = backprop_buckets(sizes, limit)
+        assert [i for b in reversed(got) for i in b] == list(range(len(sizes)))  # every index once, in order
+        for k, b in enumerate(got):
+            assert b == list(range(b[0], b[-1] + 1))
+            held = sum(sizes[i] for i in b)
+            if k < len(got) - 1 or held >= limit:
+                assert held >= limit and held - sizes[b[0]] < limit  # b[0] was added last
+        assert backprop_buckets(sizes, None) == [list(range(len(sizes)))]
+        assert backprop_buckets(sizes + [None], limit) == [list(range(len(sizes) + 1))]
+    assert backprop_buckets([], limit) == []
 
 
 @pytest.mark.parametrize("ranks", [2, 64, 512])

@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from mpidist.collectives.packing import backprop_buckets
+
 from .chief import is_chief
 from .model import ALGORITHMS, predict, resolve
 
@@ -49,22 +51,6 @@ BUILTIN = {
     ],
 }
 DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024  # mpidist's default (bytes_per_pack=0)
-
-
-def plan(sizes: Sequence[int], limit: int) -> list[list[int]]:
-    """mpidist/tensorflow/buckets.py's plan (tests/unit/test_overlap_model.py checks they agree)."""
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    held = 0
-    for i in reversed(range(len(sizes))):
-        current.append(i)
-        held += sizes[i]
-        if held >= limit:
-            buckets.append(sorted(current))
-            current, held = [], 0
-    if current:
-        buckets.append(sorted(current))
-    return buckets
 
 
 @dataclass(frozen=True)
@@ -109,7 +95,7 @@ def simulate(profile: dict, ranks: int, preset: str = "dgx-h100", algorithm: str
         return seconds * 1e3 + overhead_ms
 
     buckets, done = [], 0.0
-    for bucket in plan(sizes, bucket_bytes):
+    for bucket in backprop_buckets(sizes, bucket_bytes):
         nbytes = sum(sizes[i] for i in bucket)
         at = max(ready[i] for i in bucket)
         start = max(at, done)
