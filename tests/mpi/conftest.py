@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -43,6 +45,17 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def comm() -> MPI.Intracomm:
     return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A directory every rank sees: the chief makes it and broadcasts its path, and removes it once
+    every rank is done with it."""
+    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-test-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

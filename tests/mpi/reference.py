@@ -2,6 +2,7 @@
 
 Each rank's input depends only on (seed, rank), so a rank computes all ranks' inputs locally and
 compares the collective's result with NumPy applied to them: no communication in the reference.
+:func:`same_everywhere` checks instead that a value is equal on every rank.
 """
 from __future__ import annotations
 
@@ -62,3 +63,11 @@ def assert_same(result, expected) -> None:
     assert result.dtype == expected.dtype, (result.dtype, expected.dtype)
     assert result.shape == expected.shape, (result.shape, expected.shape)
     np.testing.assert_array_equal(result, expected)
+
+
+def same_everywhere(comm, value):
+    """Assert that ``value`` is equal on every rank of ``comm`` (every rank's value in the message);
+    returns it."""
+    everyone = comm.allgather(value)
+    assert all(v == everyone[0] for v in everyone), everyone
+    return everyone[0]

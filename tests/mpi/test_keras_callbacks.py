@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -15,6 +13,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
+
+from reference import same_everywhere  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 GLOBAL_BATCH = 16
@@ -31,22 +31,6 @@ def build_model():
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
-
-
-@pytest.fixture
-def shared_dir(comm):
-    """A directory every rank sees (rank 0 makes it, removes it afterwards)."""
-    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-keras-") if comm.Get_rank() == 0 else None, root=0)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def same_everywhere(comm, value):
-    everyone = comm.allgather(value)
-    assert all(v == everyone[0] for v in everyone), everyone
-    return everyone[0]
 
 
 def no_temporary_files(directory):

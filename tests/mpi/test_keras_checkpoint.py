@@ -15,22 +15,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from reference import same_everywhere  # noqa: E402
+
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture
-def shared_dir(comm):
-    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-tfckpt-") if comm.Get_rank() == 0 else None, root=0)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def same_everywhere(comm, value):
-    everyone = comm.allgather(value)
-    assert all(v == everyone[0] for v in everyone), everyone
-    return everyone[0]
 
 
 @pytest.mark.parametrize("in_scope", [True, False])

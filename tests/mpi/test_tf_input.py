@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -35,16 +33,6 @@ def with_policy(dataset, policy: str):
 def steps_of(dist, key=None):
     """Every step's per-replica batch as a list (of ``batch[key]`` for dicts), iterated eagerly."""
     return [(b[key] if key else b).numpy().tolist() for b in dist]
-
-
-@pytest.fixture(scope="module")
-def shared_dir(comm):
-    """A directory every rank sees: made by the chief, its path broadcast."""
-    path = comm.bcast(tempfile.mkdtemp(prefix="mpidist-input-") if comm.Get_rank() == 0 else None, root=0)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_files(comm, directory, name, sizes, kind="tfrecord"):
