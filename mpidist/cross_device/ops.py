@@ -32,6 +32,8 @@ import logging
 import sys
 from typing import Any, Iterable
 
+import numpy as np
+
 from ..collectives import Engine, gpu
 from ..validation import check_bytes_per_pack, check_num_packs, is_integer
 from ..collectives.options import CallOptions
@@ -179,6 +181,14 @@ class MPIAllReduce(CrossDeviceOps):
 
     def _packing(self) -> dict[str, Any]:
         return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack else {}
+
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+        if type(value) is np.ndarray and not self.bytes_per_pack and not options.bytes_per_pack \
+                and options.timeout_seconds is None and options.compression is None:
+            # one host array and nothing set per call: the engine's cached fast path, without building
+            # per-call arguments (the implementation choice only concerns device arrays)
+            return self.engine.allreduce(value, op.value)
+        return super().all_reduce_local(op, value, options, where)
 
 
 _nccl_host_told = False  # NcclAllReduce logged once that host buffers use MPI

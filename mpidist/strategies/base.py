@@ -12,7 +12,6 @@ import contextlib
 import weakref
 from typing import Any, Callable, Iterator
 
-import numpy as np
 from mpi4py import MPI
 
 from ..collectives import Engine
@@ -158,13 +157,7 @@ class StrategyExtended:
         """Reduce this rank's ``value`` (a nest) across replicas with ``options`` (already merged)."""
         if self._container.closed:
             self.check_open(f"{type(self._container).__name__}: all_reduce")
-        ops = self._cross_device_ops
-        if type(value) is np.ndarray and type(ops) is MPIAllReduce and not ops.bytes_per_pack \
-                and not options.bytes_per_pack and options.timeout_seconds is None and options.compression is None:
-            # what MPIAllReduce.all_reduce_local does for one host array (the implementation choice only
-            # concerns device arrays), without building its per-call arguments: the engine's fast path
-            return self._engine.allreduce(value, op.value)
-        return ops.all_reduce_local(op, map_local(value), options, "all_reduce")
+        return self._cross_device_ops.all_reduce_local(op, map_local(value), options, "all_reduce")
 
     def gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
         """Concatenate every replica's ``value`` along ``axis`` (``where`` names the caller)."""
