@@ -47,17 +47,22 @@ def _describe(kind: str, value: Any, op: Any) -> tuple:
     return (kind, op, (np.asarray(value).dtype.str, np.shape(value)))
 
 
-def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
-    """``root``'s description on every rank (two engine broadcasts: its length, its bytes)."""
-    if engine.rank == root:
-        data = np.frombuffer(pickle.dumps(description), np.uint8)
-    else:
+def broadcast_bytes(engine: Engine, data: np.ndarray | None, root: int) -> np.ndarray:
+    """``root``'s uint8 array ``data`` on every rank (other ranks pass None): two engine
+    broadcasts, its length and its bytes (objects.py's object broadcast uses it too)."""
+    if engine.rank != root:
         data = np.zeros(0, np.uint8)
     length = engine.broadcast(np.array([data.size], np.int64), root=root)
     if engine.rank != root:
-        data = np.zeros(int(np.asarray(length)[0]), np.uint8)
-    data = engine.broadcast(data, root=root)
-    return description if engine.rank == root else pickle.loads(np.asarray(data).tobytes())
+        data = np.empty(int(np.asarray(length)[0]), np.uint8)
+    return np.asarray(engine.broadcast(data, root=root))
+
+
+def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
+    """``root``'s description on every rank."""
+    mine = np.frombuffer(pickle.dumps(description), np.uint8) if engine.rank == root else None
+    data = broadcast_bytes(engine, mine, root)
+    return description if engine.rank == root else pickle.loads(data.tobytes())
 
 
 def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:

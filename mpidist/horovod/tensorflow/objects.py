@@ -32,14 +32,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
     """``root_rank``'s ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
     engine = process_set.require_engine("broadcast_object")
     joins.admit(engine, "broadcast_object")
-    data = _dumps(obj) if engine.rank == root_rank else np.zeros(0, np.uint8)
-    length = engine.broadcast(np.array([data.size], np.int64), root=root_rank)
-    if engine.rank != root_rank:
-        data = np.empty(int(length[0]), np.uint8)
-    data = engine.broadcast(data, root=root_rank)
+    data = joins.broadcast_bytes(engine, _dumps(obj) if engine.rank == root_rank else None, root_rank)
     if engine.rank == root_rank:
         return obj
-    return pickle.loads(np.asarray(data).tobytes())
+    return pickle.loads(data.tobytes())
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
