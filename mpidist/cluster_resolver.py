@@ -49,10 +49,17 @@ SERVING = ("worker", "ps")  # the task types that run a server and wait in join(
 _POLL_SECONDS = 0.05  # how often a waiting rank tests the end barrier (a blocking wait would spin a core)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def _reserve_port(host: str) -> socket.socket:
+    """A socket bound to a free port on ``host``. The caller keeps it open until every rank has
+    chosen (ranks on one host then cannot be handed the same port) and closes it before the
+    server binds."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
         s.bind((host, 0))
-        return int(s.getsockname()[1])
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def _gpu_count() -> int:
@@ -108,15 +115,29 @@ class MPIClusterResolver:
             raise ValueError(f"{where}: `host` must be None or a host name or address, got {host!r}")
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         self._roles = _roles(ps, roles, size)
+        reserved: socket.socket | None = None
         try:  # a free port on the given address, or on every interface
-            mine, error = f"{host or socket.gethostname()}:{port or _free_port(host or '')}", None
+            if port is None:
+                reserved = _reserve_port(host or "")
+            mine = f"{host or socket.gethostname()}:{port or reserved.getsockname()[1]}"
+            error = None
         except OSError as err:  # reported on every rank, after the exchange (no rank left waiting)
             mine, error = "", f"rank {rank}: {err}"
-        gathered = self.comm.allgather((mine, error))
+        try:
+            gathered = self.comm.allgather((mine, error))
+        finally:  # every rank has chosen: the ports are distinct per host, and free for the server
+            if reserved is not None:
+                reserved.close()
         failed = [e for _, e in gathered if e is not None]
         if failed:
             raise OSError(f"{where}: no free TCP port on `host` {host!r} ({failed[0]})")
         self._addresses: list[str] = [address for address, _ in gathered]
+        first = {}
+        for r, address in enumerate(self._addresses):
+            if address in first:
+                raise ValueError(f"{where}: ranks {first[address]} and {r} both serve at {address} "
+                                 f"(a fixed `port` needs one rank per host)")
+            first[address] = r
         types = self._roles or ["worker"] * size
         self._tasks = [(t, types[:r].count(t)) for r, t in enumerate(types)]  # rank -> (type, id)
         self.task_type, self.task_id = self._tasks[rank]

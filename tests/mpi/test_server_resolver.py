@@ -76,6 +76,17 @@ def test_role_errors(comm):
         MPIClusterResolver(comm, host=bad_host)  # the error on every rank, not a hang in the exchange
     with pytest.raises(ValueError, match="MPIClusterResolver.master: `task_type` must be one of"):
         MPIClusterResolver(comm, host="127.0.0.1").master("ps")
+    if size > 1:  # one fixed port for every rank of one host: an error on every rank, naming two ranks
+        with pytest.raises(ValueError, match=r"MPIClusterResolver: ranks 0 and 1 both serve at 127\.0\.0\.1:"):
+            MPIClusterResolver(comm, host="127.0.0.1", port=45678)
+
+
+def test_free_ports_are_distinct_on_one_host(comm):
+    """Each rank's port is held until every rank has chosen, so ranks on one host never get the
+    same one (a CI run once saw ranks 0 and 1 both handed a port the first had just released)."""
+    for _ in range(20):
+        workers = MPIClusterResolver(comm, host="127.0.0.1").cluster_spec().as_dict()["worker"]
+        assert len(set(workers)) == comm.Get_size(), workers
 
 
 def test_server_from_resolver_and_join(comm):
