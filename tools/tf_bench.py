@@ -30,25 +30,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from mpidist.bench.timing import compare
+from mpidist.cluster_resolver import MPIClusterResolver
 from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, traced_before
 
 
 def tf_config_from_mpi(comm: MPI.Intracomm) -> dict:
-    """TF_CONFIG for TensorFlow's MWMS: one worker per rank, free ports agreed over MPI."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
+    """TF_CONFIG for TensorFlow's MWMS: one worker per rank, free ports agreed over MPI
+    (mpidist's resolver: distinct ports per host)."""
     names = comm.allgather(MPI.Get_processor_name())
-    host = "localhost" if len(set(names)) == 1 else socket.gethostname()
-    workers = comm.allgather(f"{host}:{port}")
-    return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": comm.Get_rank()}}
+    host = "localhost" if len(set(names)) == 1 else None
+    return MPIClusterResolver(comm, host=host).tf_config()
 
 
 def tf_own_mwms(tf: Any) -> Any:

@@ -149,10 +149,17 @@ def clean_stale_clusters() -> None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all held open together (one port released and asked for
+    again can come back)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def clean_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -324,11 +331,12 @@ class SlurmCluster:
     # ---- internals ---------------------------------------------------------------------------
     def _slurm_conf(self, munge_socket: Path, gres: str) -> str:
         r = self.root
+        ctld_port, slurmd_port = _free_ports(2)
         return f"""\
 ClusterName=mpidisttest
 SlurmctldHost={self.host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
