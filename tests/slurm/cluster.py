@@ -151,11 +151,12 @@ def clean_stale_clusters() -> None:
 
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct free ports: all held open together (one port released and asked for
-    again can come back)."""
+    again can come back), each bound on every interface as slurmctld and slurmd bind theirs (a
+    port free on loopback alone may be taken on another address)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for s in sockets:
-            s.bind(("127.0.0.1", 0))
+            s.bind(("", 0))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:

@@ -52,7 +52,8 @@ Sbatch = Callable[..., JobResult]
 def sbatch(slurm: SlurmCluster) -> Sbatch:
     """sbatch a template of slurm/ on one node with ``n`` tasks of one CPU, as a user would."""
     def run(template: str, *args: str, n: int, env: Mapping[str, str] | None = None,
-            options: Sequence[str] = (), timeout: float = 45.0) -> JobResult:
+            options: Sequence[str] = (), timeout: float = 150.0) -> JobResult:
+        # the whole 2-minute limit of the job (sbatch --time=2) and some: a hang ends there anyway
         resources = ["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", *options]
         return slurm.submit(TEMPLATES / template, *args, options=resources, cwd=REPO, timeout=timeout,
                             env={"PYTHON": sys.executable, **(env or {})})

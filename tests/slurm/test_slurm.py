@@ -99,7 +99,7 @@ def test_a_failing_program_fails_the_job(sbatch: Sbatch, template: str, args: tu
         assert job.exit_code == code, f"expected exit code {code}; {job}"
     else:  # one rank raised: mpidist's excepthook aborted the job instead of leaving rank 0 waiting
         assert "rank 1 fails on purpose" in job.output and "second allreduce returned" not in job.output, job
-        assert job.seconds < 30, job
+        assert job.seconds < 90, job  # ended by the abort, not by the job's 2-minute time limit
 
 
 @pytest.mark.parametrize("template", ["cpu_multinode.sbatch", "gpu_multinode.sbatch", "mpirun_in_allocation.sbatch"])
