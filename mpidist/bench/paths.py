@@ -3,7 +3,8 @@
 For each size (default 1, 4, 16 and 64 MB of float32), short blocks of these cases alternate
 (bench/timing.py: barrier-started blocks, medians), all on communicators of the same kind:
 
-- ``raw Allreduce``: ``comm.Allreduce(x, out)`` into a preallocated ``out``;
+- ``raw Allreduce``: ``comm.Allreduce(x, out)`` into a preallocated ``out = numpy.empty_like(x)``
+  (mpidist's results come from its pool, whose blocks from 1 MiB are in huge pages: buffers.py);
 - ``raw Iallreduce``: ``comm.Iallreduce(x, out).Wait()``;
 - ``engine``: ``Engine.allreduce(x)``;
 - ``reduce``: ``strategy.reduce("sum", x, axis=None)`` on a NumPy-mode MultiWorkerMirroredStrategy;

@@ -7,7 +7,8 @@ dtypes and shapes: the agreement hash, the pack plan (the same ``packing.plan`` 
 path, so ranks on either path issue identical MPI calls), wire dtypes, MPI ops and the offsets
 of each leaf in its pack. A later call with the same op, leaf types, dtypes and shapes then does
 only: agreement (one 24-byte allreduce; overlapped with the data when this repeats the previous
-collective's signature, see agreement.py), one ``np.concatenate`` into a recycled buffer per pack,
+collective's signature, see agreement.py, ``Agreement.bind``), one ``np.concatenate`` into a recycled
+buffer per pack (each buffer a ``buffers.Slot``: the block of the last call, tried first),
 the MPI call (``Allreduce``, or ``Iallreduce`` + wait from ``rc.iallreduce_threshold`` bytes, as
 the general path), MEAN's division, and slicing the results out as views.
 
@@ -97,8 +98,7 @@ class FastPaths:
         last = agreed_on.last  # the general path has just agreed on this very key: its data steps
         if last is None or last[0] != h:
             return None
-        recipe = last[1]
-        return lambda x: agreed_on.around(h, key, "allreduce", recipe, lambda: data(x))
+        return agreed_on.bind(h, key, "allreduce", last[1], data)
 
     def _flat(self, nbytes: int) -> bool:
         topo = self._pipeline.topology
@@ -109,15 +109,35 @@ class FastPaths:
         if not self._flat(value.size * wire.itemsize):
             return None
         comm, size = self._pipeline.comm, self._pipeline.size
-
-        if posts_allreduce(value.size * wire.itemsize, rc.iallreduce_threshold, False):
-            def transfer(send: np.ndarray, recv: np.ndarray) -> None:
-                comm.Iallreduce(send, recv, mop).Wait()
+        posted = posts_allreduce(value.size * wire.itemsize, rc.iallreduce_threshold, False)
+        if wire != value.dtype:  # bool (as uint8), float16 ...: the general path's conversions
+            if posted:
+                def transfer(send: np.ndarray, recv: np.ndarray) -> None:
+                    comm.Iallreduce(send, recv, mop).Wait()
+            else:
+                def transfer(send: np.ndarray, recv: np.ndarray) -> None:
+                    comm.Allreduce(send, recv, mop)
+            run = self._agreed(red, "*", [value], lambda x: allreduce.one(x, wire, mop, red, size, transfer))
+            return None if run is None else self._monitored(run)
+        # the array is its own send buffer; the result comes from this call's slot of the pool
+        # (buffers.Slot), in the array's shape; MEAN divides it in place: allreduce.one, unrolled
+        take = buffers.Slot(value.size, wire, value.shape if value.ndim != 1 else None).take
+        mean = red is Op.MEAN and size > 1
+        if posted:
+            def data(x: np.ndarray) -> np.ndarray:
+                recv = take()
+                comm.Iallreduce(x, recv, mop).Wait()
+                if mean:
+                    finish_mean(recv, size)
+                return recv
         else:
-            def transfer(send: np.ndarray, recv: np.ndarray) -> None:
-                comm.Allreduce(send, recv, mop)
-
-        run = self._agreed(red, "*", [value], lambda x: allreduce.one(x, wire, mop, red, size, transfer))
+            def data(x: np.ndarray) -> np.ndarray:
+                recv = take()
+                comm.Allreduce(x, recv, mop)
+                if mean:
+                    finish_mean(recv, size)
+                return recv
+        run = self._agreed(red, "*", [value], data)
         return None if run is None else self._monitored(run)
 
     def _list_path(self, red: Op, value: list | tuple) -> Callable | None:
@@ -141,20 +161,21 @@ class FastPaths:
                 n = arrays[i].size
                 bounds.append((slice(at, at + n), arrays[i].shape if arrays[i].ndim != 1 else None))
                 at += n
-            steps.append((pack, dtype, at, rule[dtype][1], bounds,
-                          posts_allreduce(at * dtype.itemsize, rc.iallreduce_threshold, False)))
+            steps.append((pack, dtype, rule[dtype][1], bounds,
+                          posts_allreduce(at * dtype.itemsize, rc.iallreduce_threshold, False),
+                          buffers.Slot(at, dtype).take if len(pack) > 1 else None, buffers.Slot(at, dtype).take))
         whole = len(plan) == 1 and plan[0] == list(range(len(arrays)))
         kind, count = type(value), len(arrays)
 
         def data(leaves: list | tuple) -> list | tuple:
             results: list[Any] = [None] * count
-            for pack, dtype, total, mop, bounds, posted in steps:
-                if len(pack) == 1:
+            for pack, dtype, mop, bounds, posted, packed, received in steps:
+                if packed is None:
                     send = np.ascontiguousarray(leaves[pack[0]]).reshape(-1)
                 else:
-                    send = buffers.empty(total, dtype)
+                    send = packed()
                     np.concatenate(leaves if whole else [leaves[i] for i in pack], axis=None, out=send)
-                recv = buffers.empty(total, dtype)
+                recv = received()
                 if posted:
                     comm.Iallreduce(send, recv, mop).Wait()
                 else:
@@ -173,10 +194,12 @@ class FastPaths:
         if monitor is None:
             return run
 
+        enter, leave = monitor.enter, monitor.leave
+
         def watched(value: Any) -> Any:
-            monitor.enter("allreduce")
+            enter("allreduce")
             try:
                 return run(value)
             finally:
-                monitor.leave()
+                leave()
         return watched

@@ -156,3 +156,28 @@ def test_buffer_pool_reuses_only_dropped_blocks():
     assert c.__array_interface__["data"][0] == address
     small = buffers.empty(10, np.dtype(np.float64))
     assert small.base is None  # small requests are plain allocations
+
+
+def test_buffer_slot_never_hands_out_a_result_that_is_still_held():
+    """buffers.Slot (the cached fast path's result buffer) reuses its block only once nothing
+    outside the pool refers to it, a view of a result included."""
+    from mpidist.collectives import buffers
+    n = buffers.MIN_BYTES // 4
+    slot = buffers.Slot(n, np.dtype(np.float32), (n // 4, 4))
+    a = slot.take()
+    assert a.shape == (n // 4, 4) and a.dtype == np.float32
+    a[...] = 1
+    address = a.__array_interface__["data"][0]
+    b = slot.take()  # `a` is held: another block
+    assert b.__array_interface__["data"][0] != address
+    b[...] = 2
+    row = a[3]
+    del a
+    c = slot.take()  # a view of `a` is alive: still not a's block
+    assert c.__array_interface__["data"][0] != address
+    c[...] = 3
+    assert (row == 1).all()
+    del row, b, c
+    d = slot.take()
+    e = slot.take()  # `d` is held: never the same block twice
+    assert d.__array_interface__["data"][0] != e.__array_interface__["data"][0]
