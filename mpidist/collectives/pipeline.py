@@ -85,6 +85,8 @@ class Pipeline:
         self.extensions: dict[str, Any] = {}
         self.agreement = agreement.Agreement(topology.comm, self.describe)
         self._track: tuple[Any, int] | None = None  # (timeline recorder, this pipeline's thread id there)
+        self.progress: Any = None  # the progress.Worker of asynchronous collectives, made on first use
+        self.pending: Any = None  # that worker while it has collectives queued or running (progress.py)
 
     @property
     def comm(self) -> Any:
@@ -248,7 +250,10 @@ class Pipeline:
     # -- the end -----------------------------------------------------------------------------------
 
     def close(self, reason: str = "the engine was closed", *, free: bool = True) -> None:
-        """Refuse further collectives; with ``free``, free the communicators (collective)."""
+        """Run the asynchronous collectives queued (progress.py), then refuse further collectives; with
+        ``free``, free the communicators (collective)."""
+        if self.progress is not None:
+            self.progress.close()
         self.mark_broken(reason)
         self.fast.clear()
         if self.monitor is not None:
