@@ -21,7 +21,8 @@ A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topo
 (the private clone, node and leader communicators), the :class:`~mpidist.collectives.agreement.Agreement`
 (hash cache, last agreed signature), the stall
 monitor (``rc.stall_seconds``), the timeline track, the fast path's cache and, in
-``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py). So swapping an
+``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py), and the progress
+thread of asynchronous collectives (``progress``, progress.py; ``pending`` while it has work). So swapping an
 engine's communicator is building a new Pipeline (``Engine.replace_comm``), and :meth:`close`
 frees all of it.
 """
