@@ -16,7 +16,7 @@ from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDevic
                          get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
 from .input import (DistributedDataset, DistributedIterator, InputContext, InputOptions,
                     InputReplicationMode)
-from . import experimental, cluster_resolver, numpy, elastic
+from . import experimental, cluster_resolver, numpy, elastic, overlap
 
 
 def __getattr__(name: str):
@@ -36,4 +36,5 @@ __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext", "Strategy",
            "StrategyExtended", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
            "get_strategy", "has_strategy", "in_cross_replica_context", "DistributedDataset", "DistributedIterator",
-           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver", "numpy", "elastic"]
+           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver", "numpy", "elastic",
+           "overlap"]

@@ -1,5 +1,8 @@
 """``python -m tools.overlap_bench``: gradient buckets overlapping backprop, before and after.
 
+(TensorFlow. The NumPy counterpart, ``mpidist.overlap.GradientBuckets`` on the progress thread, is
+``python -m tools.overlap_numpy``.)
+
 Run under mpirun from the repository root, e.g.
 ``mpirun -n 2 python -m tools.overlap_bench`` (rank 0 prints).
 

@@ -35,7 +35,7 @@ from mpi4py import MPI
 from .._config import rc
 from ..topology import Topology, abort
 from ..validation import check_rank
-from . import allgather, allreduce, arrays, broadcast, nest, reduce, reduce_scatter, timeline
+from . import allgather, allreduce, arrays, broadcast, nest, progress, reduce, reduce_scatter, timeline
 from . import gpu  # device arrays go to collectives/gpu
 from .ops import parse_op
 from .options import CallOptions, Resolved
@@ -70,6 +70,8 @@ class Engine:
 
     @property
     def topology(self) -> Topology:
+        """The communicators; waits first for asynchronous collectives queued (their communicator)."""
+        progress.wait_idle(self.pipeline)
         return self.pipeline.topology
 
     @property
@@ -103,6 +105,7 @@ class Engine:
         communicator that call replace_comm take part in that; pass False after a failure that
         leaves the old communicator unusable).
         """
+        progress.wait_idle(self.pipeline)  # asynchronous collectives queued finish on the old communicator
         topology = Topology(comm, local_size=self._local_size if local_size is None else local_size)
         old, self.pipeline = self.pipeline, Pipeline(topology)
         old.close("the engine's communicator was replaced (Engine.replace_comm)", free=free_old)
@@ -114,6 +117,8 @@ class Engine:
                   timeout_seconds: float | None = None, options: CallOptions | None = None) -> Any:
         """Reduce ``value`` (an array, number or nest of them) over all ranks; every rank gets the result."""
         pipeline = self.pipeline
+        if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
+            pipeline.pending.wait_idle()
         plain = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None \
             and options is None
         if plain and pipeline.broken is None:  # a repeat of an earlier plain call: see fastpath.py
@@ -131,6 +136,23 @@ class Engine:
         if plain:
             pipeline.fast.remember(op, red, value)
         return result
+
+    def allreduce_async(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
+                        num_packs: int | None = None, algorithm: str | None = None,
+                        timeout_seconds: float | None = None, options: CallOptions | None = None) -> progress.Pending:
+        """Start :meth:`allreduce` (same arguments, same result) and return at once: a
+        :class:`~mpidist.collectives.progress.Pending` whose ``wait()`` returns the result, or raises the
+        collective's error. It runs on the engine's progress thread while this one computes; collectives
+        run in the order they are started, blocking ones included. ``value``'s arrays must not change
+        until it is done."""
+        where = "allreduce_async"
+        parse_op(op, where)  # argument errors here, not at wait()
+        self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        pipeline = self.pipeline
+        pipeline.check_usable(where)
+        return progress.worker(pipeline).submit(lambda: self.allreduce(
+            value, op, bytes_per_pack=bytes_per_pack, num_packs=num_packs, algorithm=algorithm,
+            timeout_seconds=timeout_seconds, options=options), "allreduce", value)
 
     def broadcast(self, value: Any, root: int = 0, *, bytes_per_pack: int | None = None,
                   num_packs: int | None = None, algorithm: str | None = None,
@@ -171,6 +193,7 @@ class Engine:
     def barrier(self, *, timeout_seconds: float | None = None, options: CallOptions | None = None) -> None:
         """Wait until every rank has called barrier (under the same deadline rules)."""
         pipeline = self.pipeline
+        progress.wait_idle(pipeline)
         pipeline.check_usable("barrier")
         resolved = self._options("barrier", None, None, None, None, timeout_seconds, options)
         with pipeline.watched("barrier"):
@@ -203,6 +226,8 @@ class Engine:
 
     def _run(self, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:
         pipeline = self.pipeline
+        if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
+            pipeline.pending.wait_idle()
         monitor = pipeline.monitor
         try:
             if monitor is None:

@@ -21,7 +21,8 @@ A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topo
 (the private clone, node and leader communicators), the :class:`~mpidist.collectives.agreement.Agreement`
 (hash cache, last agreed signature), the stall
 monitor (``rc.stall_seconds``), the timeline track, the fast path's cache and, in
-``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py). So swapping an
+``extensions``, the GPU path's job facts and NCCL communicators (gpu/facts.py), and the progress
+thread of asynchronous collectives (``progress``, progress.py; ``pending`` while it has work). So swapping an
 engine's communicator is building a new Pipeline (``Engine.replace_comm``), and :meth:`close`
 frees all of it.
 """
@@ -85,6 +86,8 @@ class Pipeline:
         self.extensions: dict[str, Any] = {}
         self.agreement = agreement.Agreement(topology.comm, self.describe)
         self._track: tuple[Any, int] | None = None  # (timeline recorder, this pipeline's thread id there)
+        self.progress: Any = None  # the progress.Worker of asynchronous collectives, made on first use
+        self.pending: Any = None  # that worker while it has collectives queued or running (progress.py)
 
     @property
     def comm(self) -> Any:
@@ -248,7 +251,10 @@ class Pipeline:
     # -- the end -----------------------------------------------------------------------------------
 
     def close(self, reason: str = "the engine was closed", *, free: bool = True) -> None:
-        """Refuse further collectives; with ``free``, free the communicators (collective)."""
+        """Run the asynchronous collectives queued (progress.py), then refuse further collectives; with
+        ``free``, free the communicators (collective)."""
+        if self.progress is not None:
+            self.progress.close()
         self.mark_broken(reason)
         self.fast.clear()
         if self.monitor is not None:

@@ -1,0 +1,92 @@
+"""Asynchronous collectives and gradient buckets on CuPy arrays: on a GPU with CuPy, else on the
+host fake of CuPy/NCCL (fake_cupy.py), whose streams keep work pending until the host waits, so a
+collective run on the progress thread without the caller's stream would read stale memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpidist
+from mpidist.collectives.gpu import cupy_arrays, facts as gpu_facts, paths
+from mpidist.overlap import GradientBuckets
+from reference import make, reduce_all
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+REAL_GPU = _gpu_available()
+pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
+
+
+@pytest.fixture(scope="module")
+def cp():
+    if REAL_GPU:
+        import cupy
+        yield cupy
+        return
+    import fake_cupy
+    cupy_arrays.forget()
+    yield fake_cupy.install()
+    fake_cupy.uninstall()
+    cupy_arrays.forget()
+
+
+@pytest.mark.parametrize("implementation", ["auto", "ring"])
+def test_async_device_arrays_equal_blocking(cp, comm, implementation):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    engine = mpidist.Engine(comm)
+    try:
+        host = [make(r, np.float32, (257,), seed=3) for r in range(size)]
+        x = cp.asarray(host[rank])
+        x *= 2  # queued on the stream, not yet run: the collective must wait for it
+        options = mpidist.collectives.CallOptions(implementation=implementation)
+        pending = engine.allreduce_async({"x": x, "h": np.arange(3.0)}, "sum", options=options)
+        got = pending.wait()
+        assert isinstance(got["x"], cp.ndarray)
+        expected = reduce_all([2 * h for h in host], "sum")
+        np.testing.assert_array_equal(cp.asnumpy(got["x"]), expected)
+        np.testing.assert_array_equal(got["h"], np.arange(3.0) * size)
+        blocking = engine.allreduce({"x": x, "h": np.arange(3.0)}, "sum", options=options)
+        np.testing.assert_array_equal(cp.asnumpy(blocking["x"]), cp.asnumpy(got["x"]))
+    finally:
+        engine.close()
+
+
+def test_gradient_buckets_on_device_arrays(cp, comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    shapes = [(64, 32), (32,), (32, 8), (8,)]
+    with mpidist.numpy.MultiWorkerMirroredStrategy() as strategy:
+        like = [cp.zeros(s, dtype=cp.float32) for s in shapes]
+        buckets = GradientBuckets(like, "mean", strategy=strategy,
+                                  options=mpidist.experimental.CommunicationOptions(bytes_per_pack=1024))
+        assert len(buckets.plan) >= 2
+        host = [[make(r, np.float32, s, seed=i) for i, s in enumerate(shapes)] for r in range(size)]
+        for i in reversed(range(len(shapes))):
+            g = cp.asarray(host[rank][i])
+            g += 0  # pending work on the stream
+            buckets.add(i, g)
+        got = buckets.result()
+        for i, g in enumerate(got):
+            assert isinstance(g, cp.ndarray)
+            np.testing.assert_array_equal(cp.asnumpy(g), reduce_all([h[i] for h in host], "mean"))
+
+
+def test_the_callers_implementation_block_reaches_the_progress_thread(cp, comm):
+    """``gpu.implementation`` is a context variable: the progress thread runs in the caller's context."""
+    engine = mpidist.Engine(comm)
+    try:
+        state = gpu_facts.state(engine)
+        for implementation, nccl in (("ring", False), ("auto", True)):
+            with paths.implementation(implementation):
+                pending = engine.allreduce_async(cp.ones(4, dtype=cp.float32))
+            np.testing.assert_array_equal(cp.asnumpy(pending.wait()), np.full(4, comm.Get_size(), np.float32))
+            if implementation == "ring" or not REAL_GPU:  # the fake's NCCL always works
+                assert state.last_path.uses_nccl is nccl, state.last_path
+    finally:
+        engine.close()
