@@ -39,7 +39,7 @@ import numpy as np
 
 from ._config import rc
 from .collectives import Engine, progress
-from .collectives.packing import AUTO_PACK_BYTES, backprop_buckets
+from .collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
 from .cross_device import CommunicationOptions, MPIAllReduce, ReduceOp, as_options, as_reduce_op
 from .strategies import StrategyExtended, get_strategy
 from .validation import is_integer
@@ -48,8 +48,9 @@ DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets 
 
 
 def bucket_bytes(options: CommunicationOptions) -> int:
-    """The bucket size: ``options.bytes_per_pack``, else ``rc.bytes_per_pack``, else 4 MiB."""
-    return int(options.bytes_per_pack or rc.bytes_per_pack or DEFAULT_BUCKET_BYTES)
+    """The bucket size: ``options.bytes_per_pack``, else ``rc.bytes_per_pack``, else 4 MiB (packing's rule;
+    CommunicationOptions' 0 means not set)."""
+    return packed_bucket_bytes(options.bytes_per_pack or None, rc.bytes_per_pack)
 
 
 class GradientBuckets:

@@ -135,6 +135,14 @@ def bytes_of(array: Any) -> Any:
     return array.reshape(-1).view(np.uint8)
 
 
+def packed_bucket_bytes(bytes_per_pack: int | None, default: int) -> int:
+    """The bucket size for :func:`backprop_buckets`: ``bytes_per_pack`` (None: ``default``, the
+    caller's ``rc.bytes_per_pack``); 0, automatic, means ``AUTO_PACK_BYTES`` (4 MiB). The one rule
+    for TensorFlow's buckets (tensorflow/buckets.py) and NumPy's (overlap.py)."""
+    size = default if bytes_per_pack is None else bytes_per_pack
+    return int(size) if size else AUTO_PACK_BYTES
+
+
 def backprop_buckets(sizes: Sequence[int | None], limit: int | None) -> list[list[int]]:
     """Indices of ``sizes`` (bytes) in buckets for overlapping gradients with backprop: walked from
     the last index (whose gradient exists first), a bucket closes at the first entry that brings it

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from .._config import rc
 from ..collectives.options import CallOptions
-from ..collectives.packing import AUTO_PACK_BYTES, backprop_buckets
+from ..collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
 
 DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
 
@@ -47,8 +47,7 @@ def bucket_bytes(options: CallOptions) -> int | None:
     """The bucket size ``options`` gives (rc's default filled in), or None: no buckets."""
     if options.num_packs is not None:
         return None
-    size = rc.bytes_per_pack if options.bytes_per_pack is None else options.bytes_per_pack
-    return int(size) if size else DEFAULT_BUCKET_BYTES
+    return packed_bucket_bytes(options.bytes_per_pack, rc.bytes_per_pack)
 
 
 def nbytes(t: tf.Tensor) -> int | None:
