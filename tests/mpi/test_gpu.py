@@ -31,42 +31,20 @@ import pytest
 
 import mpidist
 from mpidist.collectives import timeline
-from mpidist.collectives.gpu import cupy_arrays, facts as gpu_facts, paths, transports
+from mpidist.collectives.gpu import facts as gpu_facts, paths, transports
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
 from mpidist.topology import mpi_library
+from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 
 
-def gpu_available() -> bool:
-    try:
-        import cupy
-        return bool(cupy.cuda.is_available())
-    except Exception:
-        return False
-
-
-REAL_GPU = gpu_available()
 # without a GPU every test here runs on fake_cupy/fake_nccl: marked so, and counted apart in the summary
 pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
 
 CONFIGS = {"auto": ("auto", "auto"), "nccl": ("nccl", "auto"), "nccl-device": ("nccl", "yes"),
            "mpi-staged": ("ring", "no"), "mpi-device": ("ring", "yes")}
 Setup = collections.namedtuple("Setup", "name engine implementation path")
-
-
-@pytest.fixture(scope="module")
-def cp():
-    """Real CuPy on a GPU; elsewhere the fake, in sys.modules for this module's tests only."""
-    if REAL_GPU:
-        import cupy
-        yield cupy
-        return
-    import fake_cupy
-    cupy_arrays.forget()
-    yield fake_cupy.install()
-    fake_cupy.uninstall()
-    cupy_arrays.forget()
 
 
 @pytest.fixture

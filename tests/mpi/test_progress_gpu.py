@@ -7,34 +7,13 @@ import numpy as np
 import pytest
 
 import mpidist
-from mpidist.collectives.gpu import cupy_arrays, facts as gpu_facts, paths
+from mpidist.collectives.gpu import facts as gpu_facts, paths
 from mpidist.overlap import GradientBuckets
+from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import make, reduce_all
 
 
-def _gpu_available() -> bool:
-    try:
-        import cupy
-        return bool(cupy.cuda.is_available())
-    except Exception:
-        return False
-
-
-REAL_GPU = _gpu_available()
 pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
-
-
-@pytest.fixture(scope="module")
-def cp():
-    if REAL_GPU:
-        import cupy
-        yield cupy
-        return
-    import fake_cupy
-    cupy_arrays.forget()
-    yield fake_cupy.install()
-    fake_cupy.uninstall()
-    cupy_arrays.forget()
 
 
 @pytest.mark.parametrize("implementation", ["auto", "ring"])
