@@ -246,24 +246,31 @@ def main(argv: list[str] | None = None) -> int:
     times = {name: s * 1e3 for name, s in compare(comm, cases, args.seconds).items()}
     result = {"ranks": comm.Get_size(), "threads (intra, inter)": list(args.threads), **facts, "ms": times}
     if not args.accumulation:
-        compute = times["compute only (no communication)"]
-        comm_ms = times["communication only, bucketed (after)"]
-        floor = max(compute, comm_ms)
-        result["step / max(compute, comm)"] = {k: round(v / floor, 3) for k, v in times.items() if k.startswith("step")}
-        result["no overlap would be"] = round((compute + comm_ms) / floor, 3)
+        result.update(overlap_ratios(times))
     if comm.Get_rank() == 0:
-        print(json.dumps(result, indent=1) if args.json else _table(result), flush=True)
+        print(json.dumps(result, indent=1) if args.json else table("tools.overlap_bench", result, 62), flush=True)
     return 0
 
 
-def _table(result: dict) -> str:
-    lines = [f"tools.overlap_bench, {result['ranks']} ranks; medians of interleaved blocks"]
+def overlap_ratios(times: dict[str, float]) -> dict[str, Any]:
+    """Each step's time over max(compute only, bucketed communication only), and what no overlap
+    at all would give (the goal's figures; tools.overlap_numpy reports the same)."""
+    compute = times["compute only (no communication)"]
+    comm_ms = times["communication only, bucketed (after)"]
+    floor = max(compute, comm_ms)
+    return {"step / max(compute, comm)": {k: round(v / floor, 3) for k, v in times.items() if k.startswith("step")},
+            "no overlap would be": round((compute + comm_ms) / floor, 3)}
+
+
+def table(tool: str, result: dict, width: int) -> str:
+    """``result`` as text: ``ms`` as a column of times, other dicts indented, the rest one line each."""
+    lines = [f"{tool}, {result['ranks']} ranks; medians of interleaved blocks"]
     for key, value in result.items():
         if key == "ms":
-            lines += [f"  {name:<62}{ms:>10.3f} ms" for name, ms in value.items()]
+            lines += [f"  {name:<{width}}{ms:>10.3f} ms" for name, ms in value.items()]
         elif isinstance(value, dict):
             lines.append(f"{key}:")
-            lines += [f"  {k:<62}{v}" for k, v in value.items()]
+            lines += [f"  {k:<{width}}{v}" for k, v in value.items()]
         elif key != "ranks":
             lines.append(f"{key}: {value}")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mpidist.bench.timing import compare  # noqa: E402
+from tools.overlap_bench import overlap_ratios, table  # noqa: E402
 
 
 class MLP:
@@ -154,29 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     timed, facts = cases(args)
     times = {name: s * 1e3 for name, s in compare(comm, timed, args.seconds).items()}
     facts = {k: v() if callable(v) else v for k, v in facts.items()}
-    compute = times["compute only (no communication)"]
-    comm_ms = times["communication only, bucketed (after)"]
-    floor = max(compute, comm_ms)
-    result = {"ranks": comm.Get_size(), **facts, "ms": times,
-              "step / max(compute, comm)": {k: round(v / floor, 3) for k, v in times.items() if k.startswith("step")},
-              "no overlap would be": round((compute + comm_ms) / floor, 3),
-              "comm / compute": round(comm_ms / compute, 3)}
+    result = {"ranks": comm.Get_size(), **facts, "ms": times, **overlap_ratios(times),
+              "comm / compute": round(times["communication only, bucketed (after)"]
+                                      / times["compute only (no communication)"], 3)}
     if comm.Get_rank() == 0:
-        print(json.dumps(result, indent=1) if args.json else _table(result), flush=True)
+        print(json.dumps(result, indent=1) if args.json else table("tools.overlap_numpy", result, 50), flush=True)
     return 0
-
-
-def _table(result: dict) -> str:
-    lines = [f"tools.overlap_numpy, {result['ranks']} ranks; medians of interleaved blocks"]
-    for key, value in result.items():
-        if key == "ms":
-            lines += [f"  {name:<50}{ms:>10.3f} ms" for name, ms in value.items()]
-        elif isinstance(value, dict):
-            lines.append(f"{key}:")
-            lines += [f"  {k:<50}{v}" for k, v in value.items()]
-        elif key != "ranks":
-            lines.append(f"{key}: {value}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
