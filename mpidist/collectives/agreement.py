@@ -123,44 +123,25 @@ class Agreement:
         """Agree before any data moves (the exchange posted and waited for at once)."""
         self.finish(self.post(h, False), call, key, where, recipe)
 
-    def around(self, h: int, key: tuple, where: str, recipe: Recipe | None, data: Callable[[], Any]) -> Any:
-        """``data()`` (the collective's data steps, no deadline) with the agreement of ``key`` around
-        it: before, or, when speculating, overlapped with it and checked before returning (the
-        cached fast path's version of :meth:`post` + :meth:`finish`, without their objects)."""
-        last = self.last
-        speculated = last is not None and last[0] == h and last[1] is not None
-        send = _triple(h, speculated)
-        recv = np.empty(3, dtype=np.int64)
-        request = self.comm.Iallreduce(send, recv, MPI.MIN)
-        if not speculated:
-            request.Wait()
-            self._settle(recv, h, False, key, where, recipe)
-            return data()
-        try:
-            result = data()
-        except BaseException:
-            deadline.abandon(request, (send, recv), f"{where} (agreement)")
-            raise
-        request.Wait()
-        self._settle(recv, h, True, key, where, recipe)
-        return result
-
-
     def bind(self, h: int, key: tuple, where: str, recipe: Recipe | None,
              data: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``lambda x: self.around(h, key, where, recipe, lambda: data(x))``, with what does not change
-        between calls worked out once: the cached fast path's agreement. A speculated call posts the
-        exchange, runs ``data(x)``, waits, and settles only when something changed (the hashes differ:
-        the mismatch report; or ``last`` holds another recipe); anything else goes through :meth:`around`."""
-        comm, spec, label, settle, around = self.comm, _triple(h, True), f"{where} (agreement)", self._settle, \
-            self.around
+        """``data(x)`` (a collective's data steps, no deadline) as a function of ``x`` with the
+        agreement of ``key`` around it: before the data, or, on a repeat of the signature last agreed
+        (speculating), overlapped with it and checked before returning (the cached fast path's version
+        of :meth:`post` + :meth:`finish`, without their objects, with what does not change between
+        calls worked out once). A speculated call settles only when something changed (the hashes
+        differ: the mismatch report, on every rank; or ``last`` holds another recipe)."""
+        comm, label, settle = self.comm, f"{where} (agreement)", self._settle
+        first, spec = _triple(h, False), _triple(h, True)
         minimum, empty, int64 = MPI.MIN, np.empty, np.int64
 
         def agreed(x: Any) -> Any:
             last = self.last
-            if last is None or last[0] != h or last[1] is None:  # not speculated: agree first
-                return around(h, key, where, recipe, lambda: data(x))
             recv = empty(3, dtype=int64)
+            if last is None or last[0] != h or last[1] is None:  # not speculated: agree first
+                comm.Iallreduce(first, recv, minimum).Wait()
+                settle(recv, h, False, key, where, recipe)
+                return data(x)
             request = comm.Iallreduce(spec, recv, minimum)
             try:
                 result = data(x)
@@ -173,6 +154,7 @@ class Agreement:
                 settle(recv, h, True, key, where, recipe)  # a mismatch raises here, on every rank
             return result
         return agreed
+
 
 def abandon(exchange: Exchange, where: str) -> None:
     """The data steps of a speculating collective failed: leave its exchange posted (its buffers alive)."""

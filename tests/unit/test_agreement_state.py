@@ -103,7 +103,7 @@ def test_a_speculating_rank_reports_without_draining():
     comm.others = [triple(8, False)]
     ran = []
     with pytest.raises(CollectiveMismatchError):
-        agreed.around(7, ("k",), "allreduce", RECIPE, lambda: ran.append("data") or "result")
+        agreed.bind(7, ("k",), "allreduce", RECIPE, lambda x: ran.append("data") or "result")(None)
     assert ran == ["data"]  # the data moved, but its result never came back
     assert comm.calls == [("exchange",), ("allgather",)] and agreed.last is None
 
@@ -111,7 +111,7 @@ def test_a_speculating_rank_reports_without_draining():
 def test_speculation_returns_the_result_once_everyone_agreed():
     comm, agreed = make(last=(7, RECIPE))
     comm.others = [triple(7, True)]
-    assert agreed.around(7, ("k",), "allreduce", RECIPE, lambda: "result") == "result"
+    assert agreed.bind(7, ("k",), "allreduce", RECIPE, lambda x: "result")(None) == "result"
     assert agreed.last == (7, RECIPE)
 
 
