@@ -92,12 +92,11 @@ class Nodes:
         # node 0: new network and mount namespaces (private propagation: unshare's default)
         first = f"mount --bind {hosts} /etc/hosts && ip link set lo up && {_KEEP}"
         self._keep(["unshare", "--net", "--mount", "sh", "-c", first], timeout)
-        for i in range(1, len(self.names)):  # the others: a network namespace in node 0's mount namespace
+        for _ in self.names[1:]:  # the others: a network namespace each, in node 0's mount namespace
             self._keep(["nsenter", f"--mount=/proc/{self._keepers[0].pid}/ns/mnt", "--", "unshare", "--net",
                         "sh", "-c", f"ip link set lo up && {_KEEP}"], timeout)
         # a veth pair from node 0 to each other node (one link per node: a star around node 0;
         # two nodes need just one)
-        self._ip(0, "link", "set", "lo", "up")
         for i in range(1, len(self.names)):
             here, there = f"v{i}a", f"v{i}b"
             self._ip(0, "link", "add", here, "type", "veth", "peer", "name", there)
