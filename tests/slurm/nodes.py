@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Mapping, Sequence
@@ -143,10 +144,15 @@ class Nodes:
         self._keepers.clear()
 
 
-if __name__ == "__main__":  # a quick look: python -m tests.slurm.nodes
+if __name__ == "__main__":
+    # python -m tests.slurm.nodes --check: exit 0 where two nodes can be made, else 77 and the reason
+    # (tests/run's summary); without --check: make two nodes and show what each sees
     why = unavailable()
     if why:
-        raise SystemExit(f"SKIP: {why}")
+        print(f"SKIP: two Slurm nodes cannot be made here: {why}")
+        raise SystemExit(77)
+    if sys.argv[1:] == ["--check"]:
+        raise SystemExit(0)
     with tempfile.TemporaryDirectory() as d:
         n = Nodes(("node1", "node2"), os.environ, d)
         n.start()
