@@ -21,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Mapping, Sequence
 
 NETWORK = "198.18.0"  # RFC 2544 benchmarking range: never routed, and only inside our namespaces
@@ -114,12 +114,10 @@ class Nodes:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=self.environ, cwd=self.workdir, text=True, preexec_fn=_die_with_parent)
         self._keepers.append(proc)
-        deadline = time.monotonic() + timeout
-        line = ""
-        while time.monotonic() < deadline:  # "ready" comes at once; a failure prints and exits
-            line = proc.stdout.readline().strip()  # type: ignore[union-attr]
-            if line == "ready" or proc.poll() is not None:
-                break
+        # "ready" comes at once; a failure prints and exits; a keeper that does neither is waited
+        # for ``timeout`` seconds at most (select: a plain readline could block for ever)
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline().strip() if ready else ""  # type: ignore[union-attr]
         if line != "ready":
             rest = proc.stdout.read() if proc.poll() is not None else ""  # type: ignore[union-attr]
             self.stop()
