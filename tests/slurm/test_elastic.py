@@ -184,11 +184,13 @@ def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_re
 
 def test_the_time_limit_signal_checkpoints_requeues_and_the_requeued_run_resumes(
         slurm: SlurmCluster, tmp_path: Path) -> None:
-    # The real `--signal=B:USR1@T` path: a 3-minute job signalled 160 s before its end, by slurmctld
-    # (which looks at signal times every 30 s or so), so the test waits up to 90 s for it.
+    # The real `--signal=B:USR1@T` path: a 4-minute job signalled 200 s before its end, by slurmctld
+    # (which looks at signal times every 30 s or so), so the test waits up to 90 s for it. The 40 s
+    # before the signal are for the ranks to start and commit twice (READY): 20 s were too few on a
+    # loaded 2-core machine (the signal came first).
     n, checkpoint = 3, tmp_path / "elastic.pkl"
     job = _preempted_job(slurm, n, checkpoint, lambda job_id: None,
-                         options=("--time=3", "--signal=B:USR1@160"), requeue_within=90)
+                         options=("--time=4", "--signal=B:USR1@200"), requeue_within=90)
     stopped = _check_resumed(job, n, checkpoint)
     assert "SIGUSR1 (preemption or time limit): forwarded to mpirun" in job.output, job
     exits = [int(m) for m in re.findall(r"^EXIT rank=\d+ step=(\d+)$", job.output, re.M)]
