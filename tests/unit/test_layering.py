@@ -17,9 +17,9 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     "_version": 0, "errors": 0, "_config": 0, "validation": 0,
     "topology": 1, "collectives": 2, "cross_device": 3, "values": 4, "strategies": 5,
     "input": 6, "tensorflow": 6, "keras": 7, "horovod": 8,
-    # the public namespace and the command line (info, bench, soak, timeline)
+    # the public namespace and the command line (check, info, bench, soak, timeline)
     "cluster_resolver": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP, "overlap": TOP,
-    "__main__": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
+    "__main__": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
 }
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
 INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework
