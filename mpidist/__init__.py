@@ -8,12 +8,12 @@ from ._config import rc
 from . import errors
 from .topology import Topology
 from .collectives import Engine, Op  # Op is ReduceOp: one class, defined in collectives
-from .cross_device import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce, ReduceOp,
-                           ReductionToOneDevice)
+from .cross_device import ReduceOp
 from .values import DistributedValues
-from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaContext,
-                         Strategy, StrategyExtended, experimental_set_strategy, get_loss_reduction,
+from .strategies import (ReplicaContext, Strategy, StrategyExtended, experimental_set_strategy, get_loss_reduction,
                          get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
+from .frameworks import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, MirroredStrategy,
+                         MultiWorkerMirroredStrategy, NcclAllReduce, OneDeviceStrategy, ReductionToOneDevice)
 from .input import (DistributedDataset, DistributedIterator, InputContext, InputOptions,
                     InputReplicationMode)
 from . import experimental, cluster_resolver, numpy, elastic, overlap

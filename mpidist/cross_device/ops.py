@@ -17,19 +17,14 @@ or NCCL for NcclAllReduce) reaches the engine's GPU path through ``collectives.g
 A CrossDeviceOps object is bound to a strategy's engine when the strategy is built; used on its
 own it binds to an engine over COMM_WORLD on first use (collective).
 
-Framework values (TensorFlow tensors, variables, TensorFlow's distributed values, and nests of
-them) are handed to a value adapter: an object a framework layer registers with
-:func:`register_value_adapter`. This layer never imports TensorFlow: when the program has imported
-it, the TensorFlow adapter is loaded once by module path (``TF_ADAPTER``, as strategies/backends.py
-loads the TensorFlow strategies) and registers itself. The adapter converts the values, runs this
-object's own reduction or broadcast on their arrays (:meth:`CrossDeviceOps.reduce_arrays`,
-:meth:`CrossDeviceOps.broadcast_arrays`) and returns framework values; NumPy values never reach it.
+This layer takes NumPy (and CuPy) values. TensorFlow values are the public classes' business
+(``mpidist.CrossDeviceOps`` and its subclasses, mpidist/frameworks.py): they hand them to the
+TensorFlow layer, which converts them and runs this object's own reduction or broadcast on their
+arrays (:meth:`CrossDeviceOps.reduce_arrays`, :meth:`CrossDeviceOps.broadcast_arrays`).
 """
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 from typing import Any, Iterable
 
 import numpy as np
@@ -41,38 +36,6 @@ from .options import CommunicationOptions, as_options
 from .reduce_op import ReduceOp, as_reduce_op
 
 _log = logging.getLogger("mpidist")
-
-TF_ADAPTER = "mpidist.tensorflow.cross_device"  # registers the TensorFlow value adapter on import
-_adapters: list[Any] = []
-_tf_adapter_loaded = False
-
-
-def register_value_adapter(adapter: Any) -> None:
-    """Let ``adapter`` take the values it recognises. It has ``handles(value) -> bool`` and
-    ``reduce(ops, op, value, options, where)``, ``batch_reduce(ops, op, values, options, where)``
-    (a list of results) and ``broadcast(ops, value, root, where)``; ``op`` is a ReduceOp and
-    ``options`` a CommunicationOptions. Registering the same adapter twice is a no-op."""
-    for method in ("handles", "reduce", "batch_reduce", "broadcast"):
-        if not callable(getattr(adapter, method, None)):
-            raise TypeError(f"register_value_adapter: `adapter` must have a `{method}` method, got "
-                            f"{type(adapter).__name__}")
-    if adapter not in _adapters:
-        _adapters.append(adapter)
-
-
-def _adapter_for(*values: Any) -> Any | None:
-    """The registered adapter that takes any of ``values``, or None (NumPy values: always None)."""
-    global _tf_adapter_loaded
-    if not _tf_adapter_loaded and "tensorflow" in sys.modules:
-        _tf_adapter_loaded = True
-        try:
-            importlib.import_module(TF_ADAPTER)
-        except ImportError as error:  # an untested TensorFlow: NumPy values must keep working
-            _log.warning("mpidist: CrossDeviceOps cannot take TensorFlow values in this process: %s", error)
-    for adapter in _adapters:
-        if any(adapter.handles(v) for v in values):
-            return adapter
-    return None
 
 
 def local_value(value: Any) -> Any:
@@ -113,9 +76,6 @@ class CrossDeviceOps:
         where = f"{type(self).__name__}.reduce"
         op = as_reduce_op(reduce_op, where)
         options = as_options(options, where)
-        adapter = _adapter_for(per_replica_value)
-        if adapter is not None:
-            return adapter.reduce(self, op, per_replica_value, options, where)
         return self.all_reduce_local(op, local_value(per_replica_value), options, where)
 
     def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
@@ -124,21 +84,14 @@ class CrossDeviceOps:
         where = f"{type(self).__name__}.batch_reduce"
         op = as_reduce_op(reduce_op, where)
         options = as_options(options, where)
-        values = [v for v, _ in value_destination_pairs]
-        adapter = _adapter_for(*values)
-        if adapter is not None:
-            return list(adapter.batch_reduce(self, op, values, options, where)) if values else []
-        values = [local_value(v) for v in values]
+        values = [local_value(v) for v, _ in value_destination_pairs]
         return list(self.all_reduce_local(op, values, options, where)) if values else []
 
     def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
         """The value of ``root`` (default rank 0) delivered to every rank."""
-        adapter = _adapter_for(tensor)
-        if adapter is not None:
-            return adapter.broadcast(self, tensor, root, f"{type(self).__name__}.broadcast")
         return self.broadcast_arrays(local_value(tensor), root)
 
-    # -- array level (what value adapters call) ----------------------------------------------------
+    # -- array level (what the TensorFlow layer calls) ----------------------------------------------------
     def reduce_arrays(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
         """This object's reduction (algorithm, packing, root) of arrays, numbers or a nest of them."""
         where = f"{type(self).__name__}.reduce"

@@ -1,4 +1,5 @@
-"""CrossDeviceOps on TensorFlow values: the value adapter mpidist.cross_device loads when TF is in use.
+"""CrossDeviceOps on TensorFlow values: what the public CrossDeviceOps classes (mpidist/frameworks.py)
+hand TensorFlow values to when the program uses TensorFlow.
 
 ``NcclAllReduce().reduce(...)``, ``batch_reduce(...)`` and ``broadcast(...)`` (every CrossDeviceOps
 class) take ``tf.Tensor``, ``tf.Variable``, TensorFlow's or mpidist's distributed values
@@ -23,6 +24,8 @@ from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
 from . import collectives
 from .collectives import CallOptions
+
+_no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 
 
 class OpsEngine:
@@ -74,6 +77,7 @@ def _is_tf_leaf(value: Any) -> bool:
     return isinstance(value, (tf.Tensor, tf.Variable, tf.distribute.DistributedValues, tf.IndexedSlices))
 
 
+@_no_autograph
 def handles(value: Any) -> bool:
     """Whether ``value`` (a nest) holds any TensorFlow value."""
     return any(_is_tf_leaf(leaf) for leaf in tf.nest.flatten(value))
@@ -104,6 +108,7 @@ def _call_options(ops: Any, options: CommunicationOptions) -> CallOptions:
     return CallOptions(implementation=ops.implementation_for(options))
 
 
+@_no_autograph
 def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: CommunicationOptions,
                  where: str) -> list[Any]:
     """Every value of ``values`` (each a nest) reduced over all ranks, in ONE bridge call."""
@@ -117,11 +122,13 @@ def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: Communi
     return out
 
 
+@_no_autograph
 def reduce(ops: Any, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
     """``value`` (a nest) reduced over all ranks."""
     return batch_reduce(ops, op, [value], options, where)[0]
 
 
+@_no_autograph
 def broadcast(ops: Any, value: Any, root: int, where: str) -> Any:
     """``root``'s ``value`` (a nest) on every rank, in one bridge call."""
     nests, tensors = _flat([value], where)
@@ -129,22 +136,12 @@ def broadcast(ops: Any, value: Any, root: int, where: str) -> Any:
     return tf.nest.pack_sequence_as(value, out)
 
 
-class _Adapter:
-    """What mpidist.cross_device.ops calls for TensorFlow values (see register_value_adapter)."""
-
-    handles = staticmethod(handles)
-    reduce = staticmethod(reduce)
-    batch_reduce = staticmethod(batch_reduce)
-    broadcast = staticmethod(broadcast)
-
-
-ADAPTER = _Adapter()
-ops_lib.register_value_adapter(ADAPTER)
-
-# Called inside a tf.function, the entry points are library code that AutoGraph must not convert
-# (it would convert down into the engine and mpi4py, warning on every trace). The lower layer
-# cannot import TensorFlow to mark them, so they are marked here, once, when TF is in use.
-for _name in ("reduce", "batch_reduce", "broadcast"):
-    _method = getattr(ops_lib.CrossDeviceOps, _name)
-    if not hasattr(_method, "autograph_info__"):  # what do_not_convert leaves on its wrapper
-        setattr(ops_lib.CrossDeviceOps, _name, tf.autograph.experimental.do_not_convert(_method))
+def not_converted(cls: type) -> None:
+    """Mark ``cls``'s ``reduce``, ``batch_reduce`` and ``broadcast`` as library code that AutoGraph must
+    not convert when a ``tf.function`` calls them (it would convert down into the engine and mpi4py,
+    warning on every trace). The public classes, which cannot import TensorFlow when they are
+    defined, ask for it when they first meet TensorFlow."""
+    for name in ("reduce", "batch_reduce", "broadcast"):
+        method = cls.__dict__.get(name)
+        if method is not None and not hasattr(method, "autograph_info__"):  # what do_not_convert leaves
+            setattr(cls, name, tf.autograph.experimental.do_not_convert(method))
