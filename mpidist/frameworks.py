@@ -105,14 +105,14 @@ def _tf_values() -> ModuleType | None:
     if "tensorflow" not in sys.modules:
         return None
     try:
-        from .tensorflow import cross_device as module
+        from .tensorflow import cross_device as found
     except ImportError as error:
         _log.warning("mpidist: CrossDeviceOps cannot take TensorFlow values in this process: %s", error)
-        module = None
-    else:
-        module.not_converted(CrossDeviceOps)  # library code: AutoGraph must not convert it
-    _tf_values_state.append(module)
-    return module
+        _tf_values_state.append(None)
+        return None
+    found.not_converted(CrossDeviceOps)  # library code: AutoGraph must not convert it
+    _tf_values_state.append(found)
+    return found
 
 
 def _taker(values: Iterable[Any]) -> ModuleType | None:
@@ -135,7 +135,7 @@ class CrossDeviceOps(_cd.CrossDeviceOps):
             return super().reduce(reduce_op, per_replica_value, destinations, options)
         where = f"{type(self).__name__}.reduce"
         return taker.reduce(self, _cd.as_reduce_op(reduce_op, where), per_replica_value,
-                            _cd.as_options(options, where), where)
+                            _cd.call_options_of(options, where), where)
 
     def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
                      options: Any = None) -> list[Any]:
@@ -145,7 +145,7 @@ class CrossDeviceOps(_cd.CrossDeviceOps):
             return super().batch_reduce(reduce_op, pairs, options)
         where = f"{type(self).__name__}.batch_reduce"
         return list(taker.batch_reduce(self, _cd.as_reduce_op(reduce_op, where), [v for v, _ in pairs],
-                                       _cd.as_options(options, where), where))
+                                       _cd.call_options_of(options, where), where))
 
     def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
         taker = _taker([tensor])

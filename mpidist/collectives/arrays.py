@@ -42,10 +42,10 @@ def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
     """A C-contiguous NumPy array holding ``leaf`` and the adapter to rebuild it."""
     if isinstance(leaf, np.ndarray):
         adapter = _NUMPY
+    elif _SCALAR.accepts(leaf):
+        adapter = _SCALAR
     else:
-        adapter = _SCALAR if _SCALAR.accepts(leaf) else None
-        if adapter is None:
-            raise TypeError(f"{where}: leaf {index} of `value` must be an array or a number, "
+        raise TypeError(f"{where}: leaf {index} of `value` must be an array or a number, "
                             f"got {type(leaf).__module__}.{type(leaf).__qualname__}")
     array = adapter.to_numpy(leaf)
     check_dtype(array.dtype, where, f"leaf {index} of `value`")

@@ -15,17 +15,23 @@ from typing import Any, Callable, Iterator
 from mpi4py import MPI
 
 from ..collectives import Engine
-from ..cross_device import (CommunicationOptions, CrossDeviceOps, MPIAllReduce, ReduceOp, as_options,
-                            as_reduce_op)
+from ..collectives.options import CallOptions
+from ..cross_device import (
+    CommunicationOptions,
+    CrossDeviceOps,
+    MPIAllReduce,
+    ReduceOp,
+    as_options,
+    as_reduce_op,
+    hints_and_options,
+)
 from ..input import api as input_api
 from ..values import PerReplica, ValueContext
 from . import context
-from .context import hints_and_options
 from .reductions import gather_along_axis, map_local, reduce_along_axis
 
-
 # A strategy built on another framework -> the mpidist class whose constructor built it.
-_built_by: "weakref.WeakKeyDictionary[Any, type]" = weakref.WeakKeyDictionary()
+_built_by: weakref.WeakKeyDictionary[Any, type] = weakref.WeakKeyDictionary()
 # class -> (the framework it stands for, the class whose instances it narrows): class keyword `framework=`
 _frameworks: dict[type, tuple[str, type]] = {}
 FRAMEWORKS = ("auto", "numpy", "tensorflow")
@@ -46,7 +52,7 @@ class StrategyType(type):
     when called: ``mpidist.frameworks``), and ``issubclass`` answers as for ``B``.
     """
 
-    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> "StrategyType":
+    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> StrategyType:
         cls = super().__new__(mcs, name, bases, namespace)
         inherited = next((_frameworks[b][0] for b in bases if b in _frameworks), None)
         framework = framework or inherited
@@ -87,11 +93,12 @@ class StrategyType(type):
 class StrategyExtended:
     """The extended API: explicit reductions, broadcasts and updates, and device/role facts."""
 
-    def __init__(self, container: "Strategy", engine: Engine, options: CommunicationOptions,
+    def __init__(self, container: Strategy, engine: Engine, options: CommunicationOptions,
                  cross_device_ops: CrossDeviceOps | None = None) -> None:
         self._container = container
         self._engine = engine
         self._options = options
+        self._default_call = options.call_options()
         self._cross_device_ops = (cross_device_ops or MPIAllReduce()).bind(engine)
 
     # -- facts ---------------------------------------------------------------------------------
@@ -104,6 +111,11 @@ class StrategyExtended:
     def options(self) -> CommunicationOptions:
         """The strategy's CommunicationOptions (the defaults of every call)."""
         return self._options
+
+    @property
+    def default_call_options(self) -> CallOptions:
+        """The strategy's options as the per-call options of the layers below."""
+        return self._default_call
 
     @property
     def rank(self) -> int:
@@ -140,22 +152,24 @@ class StrategyExtended:
             raise RuntimeError(f"{where}: the strategy was closed (strategy.close(), or the end of its `with` "
                                f"block), which freed its communicators; build a new strategy")
 
-    def call_options(self, options: Any, experimental_hints: Any, where: str) -> CommunicationOptions:
-        """The strategy's options with a call's ``options`` and ``experimental_hints`` merged over them."""
-        if options is None and experimental_hints is None:  # the common case: nothing to merge
-            return self._options
-        return self._options.merge(hints_and_options(options, experimental_hints, where))
+    def call_options(self, options: Any, where: str) -> CallOptions:
+        """The per-call options of a call whose ``options`` argument (ours or TensorFlow's
+        CommunicationOptions, or None) is merged over the strategy's: the one conversion, at the API's
+        edge (as MPIExtended.call_options). Combine ``experimental_hints`` first (hints_and_options)."""
+        if options is None:  # the common case: nothing to merge
+            return self._default_call
+        return self._options.merge(as_options(options, where)).call_options()
 
-    def all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
+    def all_reduce(self, op: ReduceOp, value: Any, options: CallOptions) -> Any:
         """Reduce this rank's ``value`` (a nest) across replicas with ``options`` (already merged)."""
         if self._container.closed:
             self.check_open(f"{type(self._container).__name__}: all_reduce")
         return self._cross_device_ops.all_reduce_local(op, map_local(value), options, "all_reduce")
 
-    def gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+    def gather(self, value: Any, axis: Any, options: CallOptions, where: str) -> Any:
         """Concatenate every replica's ``value`` along ``axis`` (``where`` names the caller)."""
         self.check_open(where)
-        return gather_along_axis(self._engine, value, axis, self._options.merge(options), where)
+        return gather_along_axis(self._engine, value, axis, options, where)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None,
                   experimental_hints: Any = None) -> Any:
@@ -163,7 +177,8 @@ class StrategyExtended:
         and ignored: one device per rank)."""
         where = f"{type(self._container).__name__}.extended.reduce_to"
         op = as_reduce_op(reduce_op, where)
-        return self.all_reduce(op, value, self.call_options(options, experimental_hints, where))
+        return self.all_reduce(op, value, self.call_options(hints_and_options(options, experimental_hints, where),
+                                                            where))
 
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
                         experimental_hints: Any = None) -> list[Any]:
@@ -173,7 +188,8 @@ class StrategyExtended:
         values = [v for v, _ in value_destination_pairs]
         if not values:
             return []
-        return list(self.all_reduce(op, values, self.call_options(options, experimental_hints, where)))
+        call = self.call_options(hints_and_options(options, experimental_hints, where), where)
+        return list(self.all_reduce(op, values, call))
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
@@ -225,7 +241,7 @@ class Strategy(metaclass=StrategyType):
             self._closed = True
             self._extended.engine.close()
 
-    def __enter__(self) -> "Strategy":
+    def __enter__(self) -> Strategy:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -244,7 +260,7 @@ class Strategy(metaclass=StrategyType):
         return self._cluster_resolver
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator["Strategy"]:
+    def scope(self) -> Iterator[Strategy]:
         """Make this strategy current (cross-replica context) inside the ``with`` block."""
         context.push(self, None)
         try:
@@ -271,14 +287,15 @@ class Strategy(metaclass=StrategyType):
         where = f"{type(self).__name__}.reduce"
         self._extended.check_open(where)
         op = as_reduce_op(reduce_op, where)
-        opts = self._extended.call_options(options, experimental_hints, where)
+        opts = self._extended.call_options(hints_and_options(options, experimental_hints, where), where)
         if axis is None:
             return self._extended.all_reduce(op, value, opts)
         return reduce_along_axis(self._extended.engine, op, value, axis, opts, where)
 
     def gather(self, value: Any, axis: Any) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ per rank)."""
-        return self._extended.gather(value, axis, CommunicationOptions(), f"{type(self).__name__}.gather")
+        return self._extended.gather(value, axis, self._extended.default_call_options,
+                                     f"{type(self).__name__}.gather")
 
     def experimental_local_results(self, value: Any) -> tuple[Any]:
         """The values of the local replicas: a 1-tuple (one replica per rank)."""

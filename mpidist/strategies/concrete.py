@@ -10,14 +10,20 @@ choose between the two when called.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from mpi4py import MPI
 
 from ..cluster_resolver import MPIClusterResolver
 from ..collectives import Engine, gpu
-from ..cross_device import (CommunicationImplementation, CommunicationOptions, CrossDeviceOps, MPIAllReduce,
-                            ReductionToOneDevice, as_options)
+from ..cross_device import (
+    CommunicationImplementation,
+    CommunicationOptions,
+    CrossDeviceOps,
+    MPIAllReduce,
+    ReductionToOneDevice,
+    as_options,
+)
 from ..errors import GpuUnavailableError
 from ..topology import Topology, validate_comm
 from .base import Strategy, StrategyExtended
@@ -100,7 +106,8 @@ class MultiWorkerMirroredStrategy(_Concrete):
         comm = validate_comm(_resolver_comm(cluster_resolver, comm, where), where)
         options = as_options(communication_options, where)
         if _communication is not None:
-            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication)
+            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication,
+                                           compression=options.compression)
         engine = Engine(comm)
         _check_implementation(options, engine, where)
         _bind_gpu(engine)
@@ -111,9 +118,11 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
     """``tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO, cluster_resolver=None,
     communication_options=None)``, plus ``comm=``."""
 
+    # TensorFlow's experimental class takes `communication` first, and isinstance(s, MWMS) must hold:
+    # a subclass with another constructor signature, on purpose
     @classmethod
-    def _setup(cls, communication: Any = CommunicationImplementation.AUTO, cluster_resolver: Any = None,
-               communication_options: Any = None, *, comm: Any = None) -> Parts:
+    def _setup(cls, communication: Any = CommunicationImplementation.AUTO,  # type: ignore[override]
+               cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None) -> Parts:
         return super()._setup(cluster_resolver, communication_options, comm=comm, _communication=communication)
 
 
@@ -138,7 +147,7 @@ class MirroredStrategy(_Concrete):
                             f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
                             f"got {type(cross_device_ops).__name__}")
         topology = Topology(validate_comm(comm, where))
-        engine = Engine(topology.local)  # clones the node's communicator: ours can go
+        engine = Engine(cast(MPI.Intracomm, topology.local))  # clones the node's communicator: ours can go
         topology.free()
         _bind_gpu(engine)
         return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}

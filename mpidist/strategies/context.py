@@ -13,20 +13,20 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..cross_device import ReduceOp, as_options, as_reduce_op
+from ..cross_device import ReduceOp, as_reduce_op, hints_and_options
 
 _state = threading.local()
 _global_default: list[Any] = []   # experimental_set_strategy(s): the strategy current everywhere
 
 
-def _stack() -> list[tuple[Any, "ReplicaContext | None"]]:
+def _stack() -> list[tuple[Any, ReplicaContext | None]]:
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
     return stack
 
 
-def push(strategy: Any, replica: "ReplicaContext | None") -> None:
+def push(strategy: Any, replica: ReplicaContext | None) -> None:
     _stack().append((strategy, replica))
 
 
@@ -40,7 +40,7 @@ def tf_distribute() -> Any:
     return getattr(tf, "distribute", None)
 
 
-def top() -> tuple[Any, "ReplicaContext | None"] | None:
+def top() -> tuple[Any, ReplicaContext | None] | None:
     """(strategy, replica context or None) of the innermost scope, or the strategy set with
     ``experimental_set_strategy``; None outside both."""
     stack = _stack()
@@ -77,12 +77,6 @@ def experimental_set_strategy(strategy: Any) -> None:
         _global_default.append(strategy)
 
 
-def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:
-    """``experimental_hints`` (CollectiveHints, TensorFlow 2.2-2.4's keyword) with ``options``'
-    non-default fields over it, as one CommunicationOptions."""
-    return as_options(experimental_hints, where).merge(as_options(options, where))
-
-
 def get_loss_reduction() -> ReduceOp:
     """The ReduceOp matching the loss reduction: MEAN (losses are averaged over the global batch)."""
     return ReduceOp.MEAN
@@ -116,13 +110,15 @@ class ReplicaContext:
         where = "ReplicaContext.all_reduce"
         op = as_reduce_op(reduce_op, where)
         extended = self._strategy.extended
-        return extended.all_reduce(op, value, extended.call_options(options, experimental_hints, where))
+        call = extended.call_options(hints_and_options(options, experimental_hints, where), where)
+        return extended.all_reduce(op, value, call)
 
     def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""
         where = "ReplicaContext.all_gather"
-        return self._strategy.extended.gather(value, axis, hints_and_options(options, experimental_hints, where),
-                                               where)
+        extended = self._strategy.extended
+        call = extended.call_options(hints_and_options(options, experimental_hints, where), where)
+        return extended.gather(value, axis, call, where)
 
     def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in the cross-replica context."""

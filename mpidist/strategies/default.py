@@ -41,7 +41,7 @@ def get_strategy() -> Any:
     return default_strategy()
 
 
-def get_replica_context() -> "context.ReplicaContext | None":
+def get_replica_context() -> context.ReplicaContext | None:
     """The replica context inside ``run``; None in a cross-replica context (inside ``scope()``)."""
     top = context.top()
     if top is None:

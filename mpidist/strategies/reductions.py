@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..collectives import Engine, gpu, nest
-from ..cross_device import CommunicationOptions, ReduceOp
+from ..collectives.options import CallOptions
+from ..cross_device import ReduceOp
 from ..validation import is_integer
 from ..values import local
 
@@ -92,20 +93,17 @@ def _as_vector_if_scalar(a: Any, axis: Any, where: str) -> Any:
                      f"a scalar can be reduced along axis 0 or -1 only")
 
 
-def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CommunicationOptions,
+def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CallOptions,
                       where: str) -> Any:
     arrays, tree = _arrays(value)
     arrays = [_as_vector_if_scalar(a, axis, where) for a in arrays]
     axes = [_axes(axis, a.ndim, where) for a in arrays]
     partial = [_local_reduce(a, op, k) for a, k in zip(arrays, axes)]
-    kwargs = dict(bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds)
     if op is not ReduceOp.MEAN:
-        with gpu.implementation(options.implementation.value):
-            reduced = engine.allreduce(partial, op.value, **kwargs)
+        reduced = engine.allreduce(partial, op.value, options=options)
         return nest.unflatten(tree, reduced)
     counts = np.array([int(np.prod([a.shape[k] for k in ks])) for a, ks in zip(arrays, axes)], dtype=np.int64)
-    with gpu.implementation(options.implementation.value):  # device sums and host counts in one call
-        sums, total = engine.allreduce((partial, counts), "sum", **kwargs)
+    sums, total = engine.allreduce((partial, counts), "sum", options=options)  # device sums, host counts: one call
     results = []
     for s, n, a in zip(sums, total.tolist(), arrays):
         xp = _xp(s)
@@ -116,14 +114,12 @@ def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, optio
     return nest.unflatten(tree, results)
 
 
-def gather_along_axis(engine: Engine, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+def gather_along_axis(engine: Engine, value: Any, axis: Any, options: CallOptions, where: str) -> Any:
     arrays, tree = _arrays(value)
     for a in arrays:
         if a.ndim == 0:
             raise ValueError(f"{where}: cannot gather a scalar value; give it at least one dimension")
     axes = [_axis(axis, a.ndim, where) for a in arrays]
     moved = [_xp(a).moveaxis(a, k, 0) for a, k in zip(arrays, axes)]
-    with gpu.implementation(options.implementation.value):
-        gathered = engine.allgather(moved, bytes_per_pack=options.bytes_per_pack,
-                                    timeout_seconds=options.timeout_seconds)
+    gathered = engine.allgather(moved, options=options)
     return nest.unflatten(tree, [_xp(g).moveaxis(g, 0, k) for g, k in zip(gathered, axes)])

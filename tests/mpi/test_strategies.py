@@ -183,7 +183,7 @@ def test_cross_device_ops_validation():
     for cls in (mpidist.NcclAllReduce, mpidist.HierarchicalCopyAllReduce):
         with pytest.raises(ValueError, match=f"{cls.__name__}: `num_packs` must be an integer >= 0, got -1"):
             cls(num_packs=-1)
-    with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0, got -5"):
+    with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0 or None, got -5"):
         mpidist.experimental.CommunicationOptions(bytes_per_pack=-5)
     with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy.reduce: `reduce_op` must be one of"):
         mpidist.MultiWorkerMirroredStrategy().reduce("avg-ish", np.ones(1), axis=None)
