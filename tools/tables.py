@@ -5,6 +5,7 @@ text); ``table`` prints a title and every section of a result (each dict of name
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterable
 
 Baselines = Callable[[str, dict], dict[str, float]]  # (section, rows) -> {label: baseline ms}
@@ -37,5 +38,5 @@ def table(title: str, results: dict, width: int, *, digits: int = 4, baselines: 
             continue
         lines.append(f"\n{key}")
         lines += timing_rows(rows, width, digits=digits, baselines=baselines(key, rows) if baselines else None,
-                             extra=(lambda name, ms, key=key: extra(key, name, ms)) if extra else None)
+                             extra=functools.partial(extra, key) if extra else None)
     return "\n".join(lines)

@@ -58,3 +58,9 @@ def test_mpi_counts_file_and_failures(tmp_path):
 
 def test_a_failure_stays_a_failure(tmp_path):
     assert summary_of("1 failed, 2 skipped in 2.00s\n", tmp_path, code=1) == "FAIL  demo (exit 1) (0 passed, 2 skipped)"
+
+
+def test_a_step_that_is_not_pytest_reads_pass_or_fail_by_its_exit_code(tmp_path):
+    assert summary_of("--- ruff check mpidist tools\nAll checks passed!\n", tmp_path) == "PASS  demo"
+    (tmp_path / "again").mkdir()
+    assert summary_of("Found 3 errors.\n", tmp_path / "again", code=1) == "FAIL  demo (exit 1)"
