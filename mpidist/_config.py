@@ -31,7 +31,7 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
 def _nonneg_int(name: str, value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())  # from the environment
-    return check_nonneg_int(value, "mpidist.rc", name)  # type: ignore[return-value]
+    return check_nonneg_int(value, "mpidist.rc", name)
 
 
 def _tristate(name: str, value: Any) -> str:

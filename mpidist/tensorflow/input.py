@@ -138,7 +138,7 @@ def distribute_dataset(strategy: tf.distribute.Strategy, dataset: Any, options: 
     autoshard.check_batched(dataset, where)
     files = autoshard.count_files(dataset) if policy in (autoshard.Policy.AUTO, autoshard.Policy.FILE) else None
     mine = [files.count if files else autoshard.NO_READER, int(dataset.cardinality())]
-    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs()))
+    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), options=ext.default_call_options))
     mode, warning = autoshard.decide(policy, [int(c) for c in everyone[:, 0]], size, where)
     if warning and rank == 0:
         _log.warning("%s", warning)
@@ -166,7 +166,7 @@ def distribute_from_function(strategy: tf.distribute.Strategy, dataset_fn: Calla
         raise TypeError(f"{where}: `dataset_fn` must return a tf.data.Dataset, got {type(dataset).__name__}")
     mine = int(dataset.cardinality())
     counts = [mine] if size == 1 else \
-        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs())]
+        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), options=ext.default_call_options)]
     steps, agree = _steps(counts)
     return MPIDistributedDataset(dataset, strategy, agree, steps, where, "per-rank")
 

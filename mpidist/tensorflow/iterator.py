@@ -159,7 +159,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
             except tf.errors.OutOfRangeError:
                 self._exhausted = True
         flag = np.array([value is not None], dtype=np.int32)
-        if not np.asarray(shared.engine.allreduce(flag, "max", **shared.call.kwargs())).reshape(1)[0]:
+        if not np.asarray(shared.engine.allreduce(flag, "max", options=shared.call)).reshape(1)[0]:
             return None
         if value is None:
             if self._empty is None:

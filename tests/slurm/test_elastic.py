@@ -11,7 +11,6 @@ process's original rank and the step with integer values, so the expected result
 """
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import sys
@@ -24,6 +23,9 @@ import pytest
 from .cluster import FINAL_STATES, JobResult, SlurmCluster
 from .conftest import REPO, TEMPLATES
 
+sys.path.insert(0, str(REPO / "tests" / "launch"))  # the elastic jobs' results and checks live beside them
+from elastic_segments import check_survivors, replay, results  # noqa: E402
+
 Sbatch = Callable[..., JobResult]  # the `sbatch` fixture of conftest.py
 LAUNCH_JOBS = REPO / "tests" / "launch" / "jobs"
 SRUN_ULFM = Path(__file__).resolve().parent / "jobs" / "srun_ulfm.sbatch"
@@ -31,20 +33,6 @@ SRUN_ULFM = Path(__file__).resolve().parent / "jobs" / "srun_ulfm.sbatch"
 MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
 # the template's `--signal=B:USR1@120` signals a job at its start when its time limit is 2 minutes
 TIME = "--time=10"
-
-
-def results(output: str) -> list[dict]:
-    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-
-
-def gradient(rank: int, step: int) -> np.ndarray:  # as in the jobs
-    return (rank + 1) * (step + 1) * np.arange(1, 5, dtype=np.float64)
-
-
-def replay(w: list, ranks: list[int], start: int, stop: int) -> np.ndarray:
-    """The jobs' update from ``w`` at step ``start`` to step ``stop`` with ``ranks`` taking part."""
-    s = np.arange(start, stop, dtype=np.float64)
-    return np.array(w) + float(np.sum(s + 1)) * sum(r + 1 for r in ranks) * np.arange(1, 5, dtype=np.float64)
 
 
 def nodes_for(slurm: SlurmCluster, wanted: int) -> int:
@@ -74,27 +62,7 @@ def test_elastic_template_survivors_of_sigkilled_ranks_finish(slurm: SlurmCluste
     assert "ULFM active (mpirun --with-ft ulfm, failure detector on): the job survives" in job.output, job
     for r, s in kills.items():
         assert f"KILLING rank={r} step={s}" in job.output, job
-    got = results(job.output)
-    survivors = sorted(set(range(n)) - set(kills))
-    assert sorted(r["rank"] for r in got) == survivors, job
-    first = got[0]
-    for r in got:  # identical on every survivor, training finished on the shrunk communicator
-        assert (r["w"], r["step"], r["size"]) == (first["w"], steps, len(survivors)), job
-        assert _without_times(r["segments"]) == _without_times(first["segments"]), job
-    segments = first["segments"]
-    assert len(segments) == len(kills) + 1, job  # one recovery per death
-    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
-    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
-        dead = set(in_order[:i])
-        assert seg["ranks"] == [r for r in range(n) if r not in dead], job
-        # each segment: from the state it (re)started at, with the ranks that took part in it
-        np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
-    for seg in segments[1:]:  # rolled back to a commit at most one step before the death
-        assert seg["step"] in set(kills.values()) | {s - 1 for s in kills.values()}, segments
-
-
-def _without_times(segments: list[dict]) -> list[tuple]:
-    return [(s["step"], s["w"], s["ranks"]) for s in segments]
+    check_survivors(results(job.output), n, steps, kills, job)
 
 
 def test_srun_direct_launch_has_no_ulfm_a_death_ends_the_step(slurm: SlurmCluster) -> None:
