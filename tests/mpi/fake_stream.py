@@ -293,20 +293,21 @@ class Event:
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self.at: tuple[int, int] | None = None
+        self.stream: Stream | None = None  # (kept: work recorded on a stream outlives the Stream object)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = current() if stream is None else stream
         dev = device()
         with dev.cond:
-            self.at = (stream.ptr, dev.queue_of(stream).last)
+            self.at, self.stream = (stream.ptr, dev.queue_of(stream).last), stream
 
     def synchronize(self) -> None:
         if self.at is not None:
-            device().synchronize(Stream._known.get(self.at[0], NULL), self.at[1])
+            device().synchronize(self.stream, self.at[1])
 
     @property
     def done(self) -> bool:
-        return self.at is None or device().query(Stream._known.get(self.at[0], NULL), self.at[1])
+        return self.at is None or device().query(self.stream, self.at[1])
 
 
 NULL = Stream(null=True)
