@@ -327,13 +327,22 @@ def test_host_on_one_rank_device_on_others_is_a_mismatch(setup, cp):
         call(setup, "allreduce", value)
 
 
-def test_bench_gpu_runs_and_reports_the_path(cp, comm):
-    """``python -m mpidist bench gpu``'s measurement loop (on the fake CuPy its times mean nothing)."""
+def test_bench_gpu_runs_and_reports_the_paths(cp, comm):
+    """``python -m mpidist bench gpu``'s measurements (on the fake CuPy their times mean nothing).
+    Where NCCL cannot join every rank (ranks sharing a GPU), the NCCL part is refused with why."""
     from mpidist.bench import gpu as bench_gpu
-    rows, path = bench_gpu.run([4096, 65536], 0.01, comm)
-    assert [r["bytes"] for r in rows] == [4096, 65536]
-    assert all(r["raw NCCL"] > 0 and r["mpidist"] > 0 for r in rows), rows
-    assert path in {p.value for p in Path}
+    out = bench_gpu.run([4096, 65536], [4096], 0.01, comm)
+    if out["refused"] is not None:
+        assert REAL_GPU and out["nccl"] is None and "NCCL" in out["refused"], out  # the fake gives one GPU per rank
+    else:
+        assert [r["bytes"] for r in out["nccl"]] == [4096, 65536]
+        assert all(r["median"]["raw NCCL"] > 0 and r["median"]["mpidist"] > 0 for r in out["nccl"]), out
+    assert [r["bytes"] for r in out["staged"]] == [4096]
+    assert out["staged"][0]["median"]["loop"] > 0 and out["staged"][0]["median"]["auto"] > 0
+    assert {out["paths"]["auto"], out["paths"]["ring"]} <= {p.value for p in Path}
+    assert out["paths"]["ring"] in ("mpi-staged", "mpi-device")
+    text = bench_gpu.tables(out)
+    assert "staged allreduce" in text and ("refused" in text) is (out["refused"] is not None)
 
 
 # -- strategies (NumPy framework) -------------------------------------------------------------------
