@@ -133,9 +133,9 @@ class FastPaths:
         computed once, the same speculation (agreement.py). ``variant``: what else the general path
         agreed on (the GPU path's implementation); ``steps``: the data steps ``data`` issues, which
         must be the recipe the general path recorded (collectives/gpu/recipes.py). None: leave this
-        call to the general path."""
+        call to the general path. One rank has nothing to agree with: no exchange."""
         pipeline = self._pipeline
-        if not rc.check_agreement:
+        if not rc.check_agreement or pipeline.size == 1:
             return data
         key = pipeline.key("allreduce", (red.value, None), structure, allreduce.signature(arrays),
                            rc.algorithm if variant is None else f"{rc.algorithm}|{variant}", rc.bytes_per_pack,

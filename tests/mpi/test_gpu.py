@@ -4,8 +4,8 @@ With a CUDA GPU and CuPy these run on the GPU. Without one (CI), the CuPy tests 
 ``fake_cupy``, a stand-in backed by host memory with NCCL over MPI: that tests mpidist's GPU logic
 (dispatch, paths, packing, NCCL groups, NCCL+MPI across fake nodes, staging, zero host copies on
 the NCCL and device-MPI paths) but not CuPy, CUDA or NCCL themselves. The TensorFlow GPU tests need
-a real GPU and skip without one. These tests have NOT been run on a real GPU yet. On a GPU node
-(see docs/gpu.md):
+a real GPU and skip without one. The CuPy tests have run on a real GPU (docs/gpu.md); the
+TensorFlow GPU tests have not. On a GPU node (see docs/gpu.md):
 
     mpirun -n 2 python tests/mpi_pytest.py -q --with-mpi tests/mpi/test_gpu.py
 
