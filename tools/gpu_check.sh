@@ -13,7 +13,8 @@
 #             mpi4py cannot be imported (a machine without network); default: .gpu/whl.
 #   BUDGET    seconds for the whole run (default 400): a step gets at most what is left.
 #   FAKE=1    no GPU here: the tests run on the host fake of CuPy/NCCL, and so does the bench (its
-#             times then mean nothing: this only checks that the script runs through).
+#             times then mean nothing: this only checks that the script runs through), with the
+#             ranks sharing one pretend GPU as on a one-GPU machine (MPITEST_FAKE_SHARED_GPU=1).
 #   OUT       a directory for gpu_check.log and the ranks' logs (default /tmp/gpu-check).
 # STEPs (default all, in this order): calls bench1 bench2x1 bench2 n1 n2x1 n2
 #   calls     Python calls per steady-state allreduce (one array, ten), baseline and this checkout;
@@ -71,7 +72,8 @@ else
 fi
 
 MR="mpirun --oversubscribe --bind-to none"
-if [ "${FAKE:-0}" = 1 ]; then  # the bench on the host fake (times mean nothing)
+if [ "${FAKE:-0}" = 1 ]; then  # the bench on the host fake (times mean nothing), all ranks on one pretend GPU
+  export MPITEST_FAKE_SHARED_GPU=1
   BENCH=($PY -c "import sys; sys.path.insert(0, 'tests/mpi'); import fake_cupy; fake_cupy.install()
 from mpidist.bench import gpu; code = gpu.main(sys.argv[1:]); fake_cupy.uninstall(); sys.exit(code)")
   CALLS=($PY -m tools.gpu_calls --fake); BENCH+=(--sizes 4KB,64KB --staged-sizes 4KB,64KB --seconds 0.05)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import sys
 import threading
 import types
@@ -160,7 +161,11 @@ class Device:
         self.id = _current_device() if device is None else int(device)
 
     @property
-    def pci_bus_id(self) -> str:  # one pretend GPU per process: NCCL never sees a shared GPU
+    def pci_bus_id(self) -> str:
+        """One pretend GPU per process (NCCL never sees a shared GPU), or with
+        MPITEST_FAKE_SHARED_GPU=1 one for every process (as ranks sharing a GPU)."""
+        if os.environ.get("MPITEST_FAKE_SHARED_GPU") == "1":
+            return f"fake:shared:{self.id}"
         return f"fake:{MPI.COMM_WORLD.Get_rank()}:{self.id}"
 
     def use(self) -> None:

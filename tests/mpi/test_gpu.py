@@ -35,7 +35,7 @@ from mpidist.collectives.gpu import facts as gpu_facts, paths, transports
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
 from mpidist.topology import mpi_library
-from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
+from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 
 
@@ -98,7 +98,7 @@ def nccl_usable(s: Setup) -> bool:
     """The fake gives every rank its own pretend GPU, so NCCL always works there; on real GPUs it
     depends on the machine (two ranks on one GPU), which the job's facts record."""
     facts = gpu_facts.state(s.engine).facts
-    if not REAL_GPU:
+    if NCCL_ALWAYS:
         assert facts.nccl_reason is None, facts
         return True
     return facts.nccl_reason is None
@@ -333,7 +333,7 @@ def test_bench_gpu_runs_and_reports_the_paths(cp, comm):
     from mpidist.bench import gpu as bench_gpu
     out = bench_gpu.run([4096, 65536], [4096], 0.01, comm)
     if out["refused"] is not None:
-        assert REAL_GPU and out["nccl"] is None and "NCCL" in out["refused"], out  # the fake gives one GPU per rank
+        assert not NCCL_ALWAYS and out["nccl"] is None and "NCCL" in out["refused"], out
     else:
         assert [r["bytes"] for r in out["nccl"]] == [4096, 65536]
         assert all(r["median"]["raw NCCL"] > 0 and r["median"]["mpidist"] > 0 for r in out["nccl"]), out
@@ -382,7 +382,7 @@ def test_nccl_all_reduce_and_ring_on_cupy(cp, comm):
     try:
         got = mirrored.reduce("SUM", [cp.asarray([rank]), cp.ones(3)], axis=None)
     except GpuUnavailableError as err:
-        if not REAL_GPU:  # the fake gives every rank its own pretend GPU: NCCL must work
+        if NCCL_ALWAYS:  # the fake gives every rank its own pretend GPU: NCCL must work
             raise
         # on a GPU node NCCL may be unusable (ranks sharing a GPU): then the job's facts say why
         assert state.facts.nccl_reason and str(err) == f"NcclAllReduce: NCCL is not available: {state.facts.nccl_reason}"

@@ -72,7 +72,8 @@ def calls_inside_mpidist(fn, repeats=5):
 
 
 def expected_path(name, engine):
-    if name == "staged":
+    """(On a GPU node, ranks sharing a GPU make NCCL unusable: the job's facts say so.)"""
+    if name == "staged" or gpu_facts.state(engine).facts.nccl_reason is not None:
         return Path.MPI_STAGED
     if name == "one-rank-nodes" and engine.size > 1:
         return Path.NCCL_HIERARCHICAL

@@ -66,8 +66,6 @@ def build(pipeline: Any, cp: Any, red: Op, value: Any) -> Callable | None:
     implementation, who = paths.current()
     path = paths.choose(implementation, rc.algorithm, job, deadline=False, who=who)
     topo = pipeline.topology
-    variant = f"gpu:{implementation}"
-    structure = "*" if single else structure_of(nest.flatten(value)[1])
     if path is Path.NCCL:
         node = state.node_comms.get(device)
         if node is None:
@@ -85,7 +83,8 @@ def build(pipeline: Any, cp: Any, red: Op, value: Any) -> Callable | None:
     if made is None:
         return None
     data, steps = made
-    return pipeline.fast.bound(red, structure, leaves, data, variant, steps)
+    structure = "*" if single else structure_of(nest.flatten(value)[1])
+    return pipeline.fast.bound(red, structure, leaves, data, f"gpu:{implementation}", steps)
 
 
 def _qualifies(cp: Any, leaves: list[Any]) -> bool:
