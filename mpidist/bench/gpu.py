@@ -205,7 +205,8 @@ def tables(out: dict) -> str:
         cells = "".join(f"{_us(m[name]) + f' ({r[name]:.2f}x)':>24}" for name in names)
         goals = []
         if row["bytes"] == 1 << 20 and staged in r:
-            goals.append(f"goal {paths.get(staged)} <= 1.05x loop at 1 MB: " + ("met" if r[staged] <= 1.05 else "missed"))
+            goals.append(f"goal {paths.get(staged)} <= 1.05x loop at 1 MB: "
+                         + ("met" if r[staged] <= 1.05 else "missed"))
         if row["bytes"] == 4 << 10 and paths.get("auto") == "nccl+mpi":
             goals.append("goal nccl+mpi <= 150 µs at 4 KB: " + ("met" if m["auto"] <= 150e-6 else "missed"))
         lines.append(f"{row['size']:<8}{_us(m['loop']):>12}{cells}" + ("   " + "; ".join(goals) if goals else ""))

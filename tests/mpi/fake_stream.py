@@ -91,7 +91,8 @@ class Device:
             deps = list(deps or ())
             if q.blocking:  # the legacy null stream and the blocking streams wait for each other
                 for sid, other in self.queues.items():
-                    if other is not q and other.blocking and (sid == 0 or stream.ptr == 0) and other.last > other.completed:
+                    pending = other.last > other.completed
+                    if other is not q and other.blocking and (sid == 0 or stream.ptr == 0) and pending:
                         deps.append((sid, other.last))
             q.items.append((seq, fn, what, time.monotonic(), op, deps))
             q.last = seq

@@ -15,6 +15,7 @@ for the MPI fallback as on the other paths.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -61,7 +62,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
         done.append((pack_, send, recv, rule))
 
     own = [p for p in packs if chosen[dtypes[p[0]]][0] is env.primary]
-    with env.primary.group():
+    with env.primary.group() if len(own) > 1 else contextlib.nullcontext():  # no group around one call
         for p in own:
             transfer(p)
     for p in packs:

@@ -39,7 +39,7 @@ from ..algorithms import choose, flat
 from ..algorithms.flat import posts_allreduce
 from ..ops import REDUCTIONS, Op, finish_mean
 from ..pipeline import structure_of
-from . import cupy_arrays, facts, nccl, paths
+from . import facts, nccl, paths
 from .paths import Path
 
 _WHERE = "allreduce"
@@ -120,7 +120,8 @@ def _nccl(cp: Any, node: nccl.NodeComm, leaves: list[Any], red: Op, single: bool
             allreduce(x.data.ptr, out.data.ptr, count, datatype, op, current().ptr)
             return out
         return one, steps
-    group_start, group_end, as_dtype, from_wire = module.groupStart, module.groupEnd, packing.as_dtype, packing.from_wire
+    group_start, group_end = module.groupStart, module.groupEnd
+    as_dtype, from_wire = packing.as_dtype, packing.from_wire
 
     def many(value: Any) -> Any:
         leaves_ = (value,) if single else value
