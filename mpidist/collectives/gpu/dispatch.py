@@ -104,10 +104,12 @@ def make_env(cp: Any, ctx: Call, pipeline: Pipeline, path: Path, job: paths.JobF
     if not path.uses_nccl:
         env.primary = env.fallback
         return env
-    env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
     if path is Path.NCCL:
+        env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
         env.primary = NcclTransport(env, env.node)
-    else:
+    else:  # (a node of one rank skips its NCCL steps, hierarchical.py: it needs no NCCL communicator)
+        if pipeline.topology.local_size > 1:
+            env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
         env.primary = HierarchicalTransport(env, env.node, paths.cross_node_mpi_on_device(job, deadline),
                                             copy=path is Path.NCCL_HIERARCHICAL_COPY)
     return env

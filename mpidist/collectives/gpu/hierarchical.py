@@ -43,13 +43,16 @@ class HierarchicalTransport:
 
     per_leaf = False  # reductions pack leaves (device_collectives.py)
 
-    def __init__(self, env: Env, node: nccl.NodeComm, mpi_on_device: bool, copy: bool) -> None:
+    def __init__(self, env: Env, node: nccl.NodeComm | None, mpi_on_device: bool, copy: bool) -> None:
         self.env, self.node, self.device, self.copy = env, node, mpi_on_device, copy
         self.topo = env.ctx.topo
         self.name = "nccl-copy+mpi" if copy else "nccl+mpi"
 
     def rule(self, dtype: np.dtype, op: Op, what: str) -> Rule | None:
-        return nccl.nccl_rule(dtype, op, self.node.version, self.env.ctx.where, what, hierarchical=True)
+        # (with hierarchical=True the NCCL version changes nothing: MPI's wire types, MEAN by division;
+        # a node of one rank has no NCCL communicator to ask)
+        version = self.node.version if self.node is not None else 0
+        return nccl.nccl_rule(dtype, op, version, self.env.ctx.where, what, hierarchical=True)
 
     def group(self) -> Any:  # MPI steps read NCCL results, so nothing may wait for a group's end
         return contextlib.nullcontext()
