@@ -11,7 +11,8 @@
 #             made that way from the checkout's git history when there is one, else no baseline.
 #   WHEELS    a directory of wheels (Open MPI, mpi4py, pytest-mpi) to install into /tmp/pfx when
 #             mpi4py cannot be imported (a machine without network); default: .gpu/whl.
-#   BUDGET    seconds for the whole run (default 400): a step gets at most what is left.
+#   BUDGET    seconds for the whole run (default 400): a step gets at most what is left; the three
+#             test launches run at the same time, after the benches.
 #   FAKE=1    no GPU here: the tests run on the host fake of CuPy/NCCL, and so does the bench (its
 #             times then mean nothing: this only checks that the script runs through), with the
 #             ranks sharing one pretend GPU as on a one-GPU machine (MPITEST_FAKE_SHARED_GPU=1).
@@ -21,7 +22,10 @@
 #   bench1    -n 1: NCCL vs raw CuPy NCCL (4 KB..256 MB), staged (mpi-staged) vs a hand-written loop;
 #   bench2x1  -n 2, MPIDIST_LOCAL_SIZE=1: two one-rank nodes (nccl+mpi) vs the loop;
 #   bench2    -n 2 on one GPU: NCCL refused with its reason, mpi-staged vs the loop;
-#   n1, n2x1, n2: tests/mpi/test_*gpu*.py at those shapes.
+#   n1, n2x1, n2: tests/mpi/test_*gpu*.py at those shapes (concurrently).
+# On the lent GPU machine (after `mkdir -p .gpu && cp -r <shared>/gpu/. .gpu/`, the baseline in
+# .gpu/base): one device call, command "BASELINE=.gpu/base bash tools/gpu_check.sh",
+# carry [".gpu"], timeout_s 480. Everything is also in $OUT/gpu_check.log.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 cd "$HERE" || exit 1
@@ -64,6 +68,7 @@ if [ -z "${BASELINE:-}" ] && git rev-parse --verify -q 946a629 >/dev/null 2>&1; 
   BASELINE=/tmp/gpu-check-baseline; rm -rf "$BASELINE"; mkdir -p "$BASELINE"
   git archive 946a629 mpidist | tar -x -C "$BASELINE"
 fi
+[ -n "${BASELINE:-}" ] && [ -d "$BASELINE" ] && BASELINE=$(cd "$BASELINE" && pwd)
 BEFORE=(); CALLS_BEFORE=()
 if [ -n "${BASELINE:-}" ] && [ -f "$BASELINE/mpidist/__init__.py" ]; then
   BEFORE=(--before "$BASELINE"); CALLS_BEFORE=(--before "$BASELINE"); echo "baseline: $BASELINE/mpidist"
@@ -89,9 +94,21 @@ want bench2x1 && step 50 "bench, -n 2 MPIDIST_LOCAL_SIZE=1 (two one-rank nodes)"
   $MR -n 2 -x MPIDIST_LOCAL_SIZE=1 "${BENCH[@]}" "${BEFORE[@]}"
 want bench2 && step 50 "bench, -n 2 on one GPU" \
   $MR -n 2 "${BENCH[@]}" "${BEFORE[@]}"
-want n1 && step 120 "tests, -n 1" env MPITEST_LABEL=gpu-n1 $MR -n 1 $T $GPU_TESTS
-want n2x1 && step 90 "tests, -n 2 MPIDIST_LOCAL_SIZE=1" \
-  env MPITEST_LABEL=gpu-n2x1 $MR -n 2 -x MPIDIST_LOCAL_SIZE=1 -x MPITEST_LABEL $T $GPU_TESTS
-want n2 && step 90 "tests, -n 2 on one GPU" env MPITEST_LABEL=gpu-n2 $MR -n 2 -x MPITEST_LABEL $T $GPU_TESTS
+# The test launches share the GPU at once (correctness only; the benches above ran alone): each
+# writes to its own file, shown when all are done.
+pids=()
+for shape in n1 n2x1 n2; do
+  want $shape || continue
+  case $shape in
+    n1) args=(-n 1); label="tests, -n 1";;
+    n2x1) args=(-n 2 -x MPIDIST_LOCAL_SIZE=1); label="tests, -n 2 MPIDIST_LOCAL_SIZE=1";;
+    n2) args=(-n 2); label="tests, -n 2 on one GPU";;
+  esac
+  ( step 300 "$label" env MPITEST_LABEL=gpu-$shape $MR "${args[@]}" -x MPITEST_LABEL $T $GPU_TESTS \
+      > "$O/tests-$shape.txt" 2>&1 ) &
+  pids+=($!)
+done
+[ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+for shape in n1 n2x1 n2; do [ -f "$O/tests-$shape.txt" ] && want $shape && cat "$O/tests-$shape.txt"; done
 cp tests/.logs/gpu-*.log "$O/" 2>/dev/null
 echo; echo "gpu_check: done in $(( $(date +%s) - START ))s; log in $O/gpu_check.log"
