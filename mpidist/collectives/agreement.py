@@ -31,9 +31,9 @@ waits for the exchange and checks it, before returning anything. Why this is saf
   signature rather than leave a replay that would not match.
 - Signatures that are not speculated on (recipe None): hierarchical steps, anything but
   allreduce; their exchange is the same call, so they mismatch safely with anything.
-- GPU allreduces speculate too: their recipes (NCCL calls, or flat MPI calls on staged or device
-  buffers) are recorded as they run and replay themselves; collectives/gpu/recipes.py extends this
-  argument to the GPU.
+- GPU allreduces speculate too: their recipes are recorded as their data steps run (NCCL calls,
+  which replay themselves, or flat MPI calls on staged or device buffers, replayed as above);
+  collectives/gpu/recipes.py extends this argument to the GPU.
 """
 from __future__ import annotations
 
