@@ -6,11 +6,16 @@ semantics, broadcast returning the root's own arrays at the root, ``None`` off t
 reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked on the device and the data never leaves it unless the
 path stages it. Zero-size buffers are skipped on every rank (sizes are agreed, so all skip alike).
 
-With NCCL, the transfers of a reduction's packs are issued as one NCCL group; whatever reads
-their results (MEAN's division, casts back to the caller's dtype) is enqueued after the group.
+With NCCL alone (the ``nccl`` path), a reduction does not pack: every leaf is its own NCCL call,
+and the calls of all leaves are issued as one NCCL group (``ncclGroupStart/End``), which NCCL
+launches together, so a nest costs no copy kernels into and out of packs (``bytes_per_pack`` and
+``num_packs`` do not apply there). Whatever reads the results (MEAN's division, casts back to the
+caller's dtype) is enqueued after the group. Leaves NCCL cannot reduce (PROD of complex) are packed
+for the MPI fallback as on the other paths.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -35,7 +40,12 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
         if d not in chosen:
             chosen[d] = env.rule(d, op, f"leaf {i} of `value`")
     nbytes = [a.size * chosen[d][1].wire.itemsize for a, d in zip(arrays, dtypes)]
-    packs = ctx.plan(nbytes, dtypes)
+    if env.primary.per_leaf:  # one NCCL call per leaf, all in one group (the module docstring)
+        rest = [i for i, d in enumerate(dtypes) if chosen[d][0] is not env.primary]
+        packs = [[i] for i, d in enumerate(dtypes) if chosen[d][0] is env.primary]
+        packs += [[rest[j] for j in p] for p in ctx.plan([nbytes[i] for i in rest], [dtypes[i] for i in rest])]
+    else:
+        packs = ctx.plan(nbytes, dtypes)
     done: list[tuple[list[int], Any, Any, Any]] = []
 
     def transfer(pack_: list[int]) -> None:
@@ -52,7 +62,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
         done.append((pack_, send, recv, rule))
 
     own = [p for p in packs if chosen[dtypes[p[0]]][0] is env.primary]
-    with env.primary.group():
+    with env.primary.group() if len(own) > 1 else contextlib.nullcontext():  # no group around one call
         for p in own:
             transfer(p)
     for p in packs:
