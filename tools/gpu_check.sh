@@ -9,8 +9,8 @@
 #   BASELINE  a directory holding the baseline's `mpidist/` package (e.g. main at 946a629:
 #             `git archive 946a629 mpidist | tar -x -C /tmp/base` then BASELINE=/tmp/base); unset:
 #             made that way from the checkout's git history when there is one, else no baseline.
-#   WHEELS    a directory of wheels (Open MPI, mpi4py, pytest-mpi) to install into /tmp/pfx when
-#             mpi4py cannot be imported (a machine without network); default: .gpu/whl.
+#   WHEELS    a directory of wheels (Open MPI, mpi4py, pytest-mpi) to install into /tmp/pfx and use
+#             (a machine without network); default: .gpu/whl. SYSTEM_MPI=1: the machine's own MPI.
 #   BUDGET    seconds for the whole run (default 400): a step gets at most what is left; the three
 #             test launches run at the same time, after the benches.
 #   FAKE=1    no GPU here: the tests run on the host fake of CuPy/NCCL, and so does the bench (its
@@ -48,21 +48,25 @@ step() {  # step LIMIT LABEL COMMAND...: run under `timeout` of min(LIMIT, time 
 echo "mpidist GPU check of $(git rev-parse --short HEAD 2>/dev/null || echo 'this checkout') at $(date)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
 PY=${PYTHON:-python3}
-if ! $PY -c "import mpi4py" 2>/dev/null; then
-  W=${WHEELS:-$HERE/.gpu/whl}
+# The wheels (PyPI Open MPI, mpi4py, pytest-mpi) whenever they are there, so that runs on machines
+# with or without a system MPI compare alike (a lent machine once had Debian's Open MPI 4.1.6 and
+# mpi4py but no pytest-mpi); SYSTEM_MPI=1 keeps the machine's own MPI when it has one.
+W=${WHEELS:-$HERE/.gpu/whl}
+if [ "${SYSTEM_MPI:-0}" != 1 ] || ! $PY -c "import mpi4py, pytest_mpi" 2>/dev/null; then
   if ls "$W"/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix /tmp/pfx "$W"/*.whl 2>&1 | grep -v WARNING
     PYV=$($PY -c 'import sys;print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
     export PATH=/tmp/pfx/bin:$PATH PYTHONPATH=/tmp/pfx/lib/python$PYV/site-packages:${PYTHONPATH:-} \
       LD_LIBRARY_PATH=/tmp/pfx/lib:${LD_LIBRARY_PATH:-}
   else
-    echo "gpu_check: mpi4py cannot be imported and WHEELS ($W) holds no wheels"; exit 2
+    $PY -c "import mpi4py, pytest_mpi" 2>/dev/null || {
+      echo "gpu_check: mpi4py or pytest_mpi cannot be imported and WHEELS ($W) holds no wheels"; exit 2; }
   fi
 fi
 export PYTHONPATH=$HERE:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy_cache}
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 $PY -c "import cupy, mpi4py; from cupy.cuda import nccl; print('CuPy', cupy.__version__, '| NCCL', nccl.get_version(), \
-'| GPUs', cupy.cuda.runtime.getDeviceCount(), '| mpi4py', mpi4py.__version__)" 2>&1 | tail -1
+'| GPUs', cupy.cuda.runtime.getDeviceCount(), '| mpi4py', mpi4py.__version__, '|', __import__('mpi4py.MPI').MPI.Get_library_version().splitlines()[0][:60])" 2>&1 | tail -1
 
 if [ -z "${BASELINE:-}" ] && git rev-parse --verify -q 946a629 >/dev/null 2>&1; then
   BASELINE=/tmp/gpu-check-baseline; rm -rf "$BASELINE"; mkdir -p "$BASELINE"
