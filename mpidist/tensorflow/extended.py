@@ -210,6 +210,14 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         return self._engine.size > 1
 
     @property
+    def _task_type(self) -> str:
+        return "worker"  # as MultiWorkerMirroredStrategy's extended (Keras 2 names its workers' temp dirs by these)
+
+    @property
+    def _task_id(self) -> int:
+        return self.rank
+
+    @property
     def experimental_should_init(self) -> bool:
         return True
 

@@ -205,3 +205,72 @@ def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm
     update(values)
     n = eng.size
     assert float(metric.result()) == pytest.approx(sum((r + 1) ** 2 for r in range(n)) / sum(r + 1 for r in range(n)))
+
+
+def test_predict_returns_every_row_in_order(eng, comm):
+    """As with Keras 3 (test_keras_predict.py): every rank gets all rows, in input order, with a short
+    last batch, from arrays and from a dataset."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, _ = dataset_arrays(70, seed=4)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    want = on_chief(comm, lambda: model(x).numpy())
+    for got in (model.predict(x, batch_size=GLOBAL_BATCH, verbose=0),
+                model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+ROWS, EPOCHS = 70, 3  # a short last batch of 6
+
+
+class Recorder(keras.Sequential):
+    """Records the row ids (feature 0) of every batch this rank trains on (run eagerly)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def train_step(self, data):
+        self.seen.append(data[0][:, 0].numpy().astype(np.int64))
+        return super().train_step(data)
+
+
+@pytest.mark.parametrize("source", ["arrays", "dataset"])
+def test_unseeded_shuffles_agree_across_ranks(eng, comm, source):
+    """fit(shuffle=True) on arrays and dataset.shuffle(n) without a seed: in every epoch the ranks
+    train on disjoint parts of one global permutation, a new one every epoch (as one process)."""
+    tf.random.set_seed(None)  # a program without a global seed (else TensorFlow's seeds agree anyway)
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x = np.stack([np.arange(ROWS), np.ones(ROWS)], axis=1).astype(np.float32)
+    y = np.zeros((ROWS, 1), np.float32)
+    with strategy.scope():
+        model = Recorder([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    if source == "arrays":
+        model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=True, epochs=EPOCHS, verbose=0)
+    else:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(ROWS).batch(GLOBAL_BATCH), epochs=EPOCHS,
+                  verbose=0)
+    steps = len(model.seen) // EPOCHS
+    everyone = comm.allgather(model.seen)
+    orders = [[row for step in range(e * steps, (e + 1) * steps) for rank in everyone for row in rank[step]]
+              for e in range(EPOCHS)]
+    for order in orders:
+        assert sorted(order) == list(range(ROWS)), order  # every row exactly once: disjoint, complete
+    assert len({tuple(o) for o in orders}) == EPOCHS and orders[0] != list(range(ROWS)), orders
+
+
+def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
+    """tf_keras's own multi-worker file handling (non-chiefs write to a temporary directory named by
+    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, y = dataset_arrays(32, seed=5)
+    with strategy.scope():
+        model = build_model("sgd")
+    callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(shared_dir, "model-{epoch}.h5")),
+                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs"))]
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=callbacks)
+    comm.Barrier()
+    assert sorted(os.listdir(shared_dir)) == ["logs", "model-1.h5", "model-2.h5"]
+    restored = keras.models.load_model(os.path.join(shared_dir, "model-2.h5"))
+    assert_close(restored.get_weights(), model.get_weights(), tol=0)
