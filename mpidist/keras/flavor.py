@@ -34,8 +34,12 @@ def major_version(module: Any) -> int:
 
 
 def is_keras2() -> bool:
-    """Whether ``tf.keras`` is Keras 2 (tf_keras with ``TF_USE_LEGACY_KERAS=1``)."""
-    return major_version(user_keras()) == 2
+    """Whether ``tf.keras`` is Keras 2 (tf_keras with ``TF_USE_LEGACY_KERAS=1``); False when ``tf.keras``
+    cannot be imported (TF_USE_LEGACY_KERAS=1 without tf_keras installed)."""
+    try:
+        return major_version(user_keras()) == 2
+    except ImportError:
+        return False
 
 
 def _tf_keras_optimizer_bases() -> tuple[type, ...]:
