@@ -6,8 +6,8 @@
   slot variables exist; the first step itself runs on each rank's own weights); the
   ``local_variables`` (a variable or a list of them) keep this rank's values.
 - MetricAverageCallback: the epoch's logs averaged over ranks (sorted by name, one allreduce each).
-- LearningRateScheduleCallback / LearningRateWarmupCallback: set Keras 3's
-  ``optimizer.learning_rate`` by epoch (staircase) or by fractional epoch, as Horovod does.
+- LearningRateScheduleCallback / LearningRateWarmupCallback: set ``optimizer.learning_rate`` by
+  epoch (staircase) or by fractional epoch, as Horovod does.
   ``momentum_correction`` (default True, as Horovod): when the learning rate changes from ``old``
   to ``new``, Horovod multiplies the momentum by ``new / old`` for that step. Keras 3 compiles its
   ``momentum`` into the train function as a constant, so here the velocity slots are multiplied by
@@ -17,8 +17,8 @@
   and the chief logs a warning saying so (the script still runs, as it did under Horovod; pass
   ``momentum_correction=False`` to silence it); optimizers without one are left alone, as in Horovod.
   Keras 2: a ``tf.keras.optimizers.legacy`` optimizer keeps ``momentum`` in a variable, so Horovod's
-  own correction is made (momentum times ``new / old`` for the batch, restored after it); tf_keras's
-  current ``SGD`` gets the velocity correction above.
+  own correction is made (momentum times ``new / old`` for the batch, restored after it; RMSprop
+  included, as in Horovod); tf_keras's current ``SGD`` gets the velocity correction above.
 """
 from __future__ import annotations
 
