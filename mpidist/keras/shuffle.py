@@ -16,6 +16,10 @@ made from (base, k):
   (base, k) and a counter advanced once per permutation: a new permutation every epoch, the same
   on every rank.
 
+Keras 2 (tf_keras) builds that pipeline in ``TensorLikeDataAdapter.__init__``, with the
+``tf.random.shuffle`` of its own ``tensorflow.compat.v2`` module: the same replacement there
+(``install_keras2``).
+
 Ranks must build their shuffled pipelines in the same order (as SPMD programs do). A dataset
 built before the strategy is not covered. The base comes from the widest strategy built so far
 (a node-local MirroredStrategy built later does not replace a MultiWorkerMirroredStrategy's).
@@ -104,3 +108,24 @@ def install() -> None:
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     patching.patch(tf.data.Dataset, "shuffle", _dataset_shuffle)
     patching.patch(ArrayDataAdapter, "get_tf_dataset", _array_get_tf_dataset)
+
+
+def _keras2_array_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        seed = next_seed() if kwargs.get("shuffle") else None
+        if seed is None:
+            return original(self, *args, **kwargs)
+        random = patching.tf_keras_internal("data_adapter").tf.random  # tf_keras's tensorflow.compat.v2
+        real = random.shuffle
+        random.shuffle = _agreed_random_shuffle(seed, real)  # only while tf_keras builds the pipeline
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            random.shuffle = real
+    return __init__
+
+
+def install_keras2() -> None:
+    import tensorflow as tf
+    patching.patch(tf.data.Dataset, "shuffle", _dataset_shuffle)
+    patching.patch(patching.tf_keras_internal("data_adapter").TensorLikeDataAdapter, "__init__", _keras2_array_init)
