@@ -28,7 +28,7 @@ if not flavor.is_keras2():
                 allow_module_level=True)
 
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.strategies.backends import make_tf_strategy as make_strategy  # noqa: E402
+from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
 
 keras = tf.keras
 pytestmark = pytest.mark.mpi

@@ -34,6 +34,7 @@ DYNAMIC = "<a module name computed at run time>"
 # modules whose import_module(name) takes a computed name, and why that cannot reach mpidist
 COMPUTED_IMPORTS = {
     "mpidist.tensorflow._tf_private": "TensorFlow's private modules, by the names in its own table",
+    "mpidist.keras.patching": "tf_keras's private modules, by the names in its own table (TF_KERAS_INTERNALS)",
 }
 INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework
 
