@@ -9,8 +9,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"check": "mpidist.check", "info": "mpidist.info", "bench": "mpidist.bench", "soak": "mpidist.soak",
                 "timeline": "mpidist.timeline"}
     if not argv or argv[0] not in commands:
-        print("usage: python -m mpidist {check,info,bench,soak,timeline} [options]   (run under mpirun/srun; --help per command)",
-              file=sys.stderr)
+        print("usage: python -m mpidist {check,info,bench,soak,timeline} [options]   "
+              "(run under mpirun/srun; --help per command)", file=sys.stderr)
         return 2
     import importlib
     return importlib.import_module(commands[argv[0]]).main(argv[1:])

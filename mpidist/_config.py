@@ -163,7 +163,7 @@ class Settings:
             setattr(self, name, value)
 
     @contextlib.contextmanager
-    def override(self, **kwargs: Any) -> Iterator["Settings"]:
+    def override(self, **kwargs: Any) -> Iterator[Settings]:
         """Change settings inside a ``with`` block; restores the previous values on exit."""
         saved = self.as_dict()
         try:

@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         cp = fake_cupy.install()
     else:
         import cupy as cp
+    from mpi4py import MPI
+
     import mpidist
     from mpidist.bench.paths import load_before
-    from mpi4py import MPI
     packages = [("this checkout", mpidist)]
     if args.before:
         packages.insert(0, ("before", load_before(args.before)))
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         one = cp.ones(1024, dtype=cp.float32)
         ten = [cp.ones(100 + i, dtype=cp.float32) for i in range(10)]
         for what, value in (("one array", one), ("ten arrays", ten)):
-            total, inside = count(lambda: engine.allreduce(value), (root,))
+            total, inside = count(lambda engine=engine, value=value: engine.allreduce(value), (root,))
             if rank == 0:
                 print(f"{label:<14} allreduce of {what:<11}: {total:6.1f} Python calls per call, {inside:5.1f} "
                       f"inside mpidist ({package.__name__} at {os.path.dirname(root)})", flush=True)

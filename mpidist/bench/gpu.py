@@ -32,7 +32,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import Engine, gpu as this_gpu
+from ..collectives import Engine
+from ..collectives import gpu as this_gpu
 from ..collectives.gpu import binding, cupy_arrays, facts
 from .paths import load_before
 from .timing import fmt_size, paired_ratios, parse_size, samples

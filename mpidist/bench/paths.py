@@ -74,8 +74,8 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
         raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
         strategies = [strategy]
         timed: dict[str, Callable[[], object]] = {
-            "raw Allreduce": lambda: raw.Allreduce(x, out),
-            "raw Iallreduce": lambda: raw.Iallreduce(x, out_i).Wait()}
+            "raw Allreduce": lambda raw=raw, x=x, out=out: raw.Allreduce(x, out),
+            "raw Iallreduce": lambda raw=raw, x=x, out_i=out_i: raw.Iallreduce(x, out_i).Wait()}
         timed.update(cases)
         if before is not None:
             old, old_strategy = _paths(before, x)

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from ..collectives import Engine
 from .timing import compare, fmt_size, parse_size
 
+
 def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm | None = None) -> list[dict]:
     comm = MPI.COMM_WORLD if comm is None else comm
     engine = Engine(comm)
@@ -27,7 +28,8 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
         def engine_off(x=x):
             return engine.allreduce(x)
         engine_off.settings = {"check_agreement": False}  # type: ignore[attr-defined]
-        times = compare(comm, {"raw": lambda: raw.Allreduce(x, out), "mpidist": lambda: engine.allreduce(x),
+        times = compare(comm, {"raw": lambda x=x, out=out: raw.Allreduce(x, out),
+                               "mpidist": lambda x=x: engine.allreduce(x),
                                "mpidist, agreement off": engine_off}, seconds)
         rows.append({"case": f"allreduce {fmt_size(nbytes)}", "bytes": nbytes, **times})
     if nest_count:

@@ -78,6 +78,11 @@ def run(ctx: Context, checks: Sequence[tuple[str, Check]] = CHECKS,
     return verdicts
 
 
+def _skip_check(word: str) -> Any:
+    """A check that reports itself skipped by ``--skip word``."""
+    return lambda ctx: skipped(f"--skip {word}")
+
+
 def selected(skip: str) -> list[tuple[str, Check]]:
     """CHECKS, those whose name contains one of the comma-separated words of ``skip`` replaced by a
     check that says it was skipped on request."""
@@ -86,7 +91,7 @@ def selected(skip: str) -> list[tuple[str, Check]]:
     for name, check in CHECKS:
         word = next((w for w in words if w in name.lower()), None)
         if word is not None:
-            check = (lambda w: lambda ctx: skipped(f"--skip {w}"))(word)
+            check = _skip_check(word)
         chosen.append((name, check))
     return chosen
 
@@ -110,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                              "which imports TensorFlow where a GPU is)")
     args = parser.parse_args(argv)
     if args.size < 64 or args.repeat < 1 or args.timeout <= 0:
-        parser.error(f"expected --size >= 64, --repeat >= 1, --timeout > 0; got {args.size}, {args.repeat}, {args.timeout}")
+        parser.error(f"expected --size >= 64, --repeat >= 1, --timeout > 0; "
+                     f"got {args.size}, {args.repeat}, {args.timeout}")
     comm = MPI.COMM_WORLD.Dup()
     engine = Engine(MPI.COMM_WORLD)
     ctx = Context(comm, engine, nbytes=args.size // 8 * 8, repeat=args.repeat, timeout=args.timeout)

@@ -16,12 +16,21 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives.gpu import bind_device, cupy_reason, implementation, nccl_reason
-from ..collectives.gpu import cupy_arrays, facts
+from ..collectives.gpu import bind_device, cupy_arrays, cupy_reason, facts, implementation, nccl_reason
 from ..errors import GpuUnavailableError
 from ..topology import mpi_library
-from .context import (DTYPES, Context, allreduce_bus_factor, gate, make, median_seconds, mismatch, reference,
-                      settle, timing_line)
+from .context import (
+    DTYPES,
+    Context,
+    allreduce_bus_factor,
+    gate,
+    make,
+    median_seconds,
+    mismatch,
+    reference,
+    settle,
+    timing_line,
+)
 from .results import Outcome, missing, ok, skipped
 
 CUDA_AWARE_FIX = ("use an MPI built with CUDA support (Open MPI --with-cuda, or the site's CUDA-aware "
@@ -102,7 +111,8 @@ def cuda_aware_mpi(ctx: Context) -> Outcome:
     out = cp.empty_like(x)
     cp.cuda.get_current_stream().synchronize()
     ctx.comm.Allreduce(x, out, op=MPI.SUM)
-    wrong = mismatch("MPI_Allreduce on device buffers", cp.asnumpy(out), reference(ctx.size, np.float32, (count,), "sum"))
+    expected = reference(ctx.size, np.float32, (count,), "sum")
+    wrong = mismatch("MPI_Allreduce on device buffers", cp.asnumpy(out), expected)
     found = settle(ctx, wrong, fix="the MPI library claims CUDA support but computes wrong results on device "
                                    "buffers: set MPIDIST_CUDA_AWARE_MPI=no (mpidist then stages) and tell the site")
     if found is not None:
@@ -175,8 +185,9 @@ def gpu_paths(ctx: Context) -> list[tuple[str, Outcome]]:
                 continue
             x = cp.ones(ctx.nbytes // 4, dtype=cp.float32)
             stream = cp.cuda.get_current_stream()
-            seconds = median_seconds(lambda: (ctx.engine.allreduce(x, algorithm=algorithm, timeout_seconds=timeout),
-                                              stream.synchronize()), ctx.repeat)
+            seconds = median_seconds(lambda x=x, algorithm=algorithm, timeout=timeout, stream=stream: (
+                ctx.engine.allreduce(x, algorithm=algorithm, timeout_seconds=timeout), stream.synchronize()),
+                ctx.repeat)
         results.append((title, ok(f"allreduce path {label}: allreduce, broadcast, allgather, reduce, reduce_scatter "
                                   f"of every dtype equal the host reference",
                                   timing_line(f"path {label}, float32 sum", ctx.nbytes, seconds,

@@ -16,8 +16,18 @@ from mpi4py import MPI
 
 from ..elastic import ulfm
 from ..topology import detect_launcher, mpi_library
-from .context import (DTYPES, Context, allreduce_bus_factor, gate, make, median_seconds, mismatch, reference,
-                      settle, timing_line)
+from .context import (
+    DTYPES,
+    Context,
+    allreduce_bus_factor,
+    gate,
+    make,
+    median_seconds,
+    mismatch,
+    reference,
+    settle,
+    timing_line,
+)
 from .results import Outcome, broken, missing, ok
 
 OPS = ("sum", "prod", "max", "min", "mean")

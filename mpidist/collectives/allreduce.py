@@ -7,7 +7,6 @@ from . import buffers, compression, packing
 from .algorithms import flat
 from .ops import Op, finish_mean, rules
 
-
 validate = None  # nothing to check beyond what every collective checks
 
 

@@ -78,7 +78,7 @@ def blocks(count: int, size: int) -> tuple[list[int], list[int]]:
     return counts, displacements(counts)
 
 
-def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
+def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: Codec) -> np.ndarray:
     """SUM (or MEAN) of the 1-D float32 ``send`` over ``ctx``'s ranks, compressed on the wire."""
     comm, size, rank = ctx.topo.comm, ctx.size, ctx.topo.rank
     out = buffers.empty(send.size, F32)

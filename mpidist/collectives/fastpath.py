@@ -2,15 +2,16 @@
 
 A training loop reduces the same dtypes and shapes every step (a gradient, or the list of all
 gradients). The first such call takes the engine's general path (validation, planning, agreement
-key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeline.fast``) to cache what cannot change for the same
-dtypes and shapes: the agreement hash, the pack plan (the same ``packing.plan`` as the general
-path, so ranks on either path issue identical MPI calls), wire dtypes, MPI ops and the offsets
-of each leaf in its pack. A later call with the same op, leaf types, dtypes and shapes then does
-only: agreement (one 24-byte allreduce; overlapped with the data when this repeats the previous
-collective's signature, see agreement.py, ``Agreement.bind``), one ``np.concatenate`` into a recycled
-buffer per pack (each buffer a ``buffers.Slot``: the block of the last call, tried first),
-the MPI call (``Allreduce``, or ``Iallreduce`` + wait from ``rc.iallreduce_threshold`` bytes, as
-the general path), MEAN's division, and slicing the results out as views.
+key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeline.fast``) to cache
+what cannot change for the same dtypes and shapes: the agreement hash, the pack plan (the same
+``packing.plan`` as the general path, so ranks on either path issue identical MPI calls), wire
+dtypes, MPI ops and the offsets of each leaf in its pack. A later call with the same op, leaf types,
+dtypes and shapes then does only: agreement (one 24-byte allreduce; overlapped with the data when
+this repeats the previous collective's signature, see agreement.py, ``Agreement.bind``), one
+``np.concatenate`` into a recycled buffer per pack (each buffer a ``buffers.Slot``: the block of the
+last call, tried first), the MPI call (``Allreduce``, or ``Iallreduce`` + wait from
+``rc.iallreduce_threshold`` bytes, as the general path), MEAN's division, and slicing the results
+out as views.
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
@@ -223,7 +224,7 @@ class FastPaths:
 
         def data(leaves: list | tuple) -> list | tuple:
             results: list[Any] = [None] * count
-            for pack, dtype, mop, bounds, posted, packed, received in steps:
+            for pack, _dtype, mop, bounds, posted, packed, received in steps:
                 if packed is None:
                     send = np.ascontiguousarray(leaves[pack[0]]).reshape(-1)
                 else:

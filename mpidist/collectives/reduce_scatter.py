@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from . import buffers, packing
-from .allreduce import dtype_rules, signature  # same agreement fields: dtypes and full shapes
 from .allgather import validate
+from .allreduce import dtype_rules, signature  # same agreement fields: dtypes and full shapes
 from .ops import Op, finish_mean
 
 __all__ = ["signature", "validate", "run", "block_rows"]

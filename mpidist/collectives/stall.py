@@ -114,9 +114,10 @@ class Monitor:
             req.Cancel()
             req.Wait()
         late = [r for r, s in sorted(replies.items()) if not (s["inside"] and s["seq"] == seq and s["name"] == name)]
+        missing = late + sorted(pending)
         lines = [f"mpidist: stall: {name} #{seq} on rank {self.rank} has waited {waited:.0f} s "
                  f"(called at {call_site(thread)}); "
-                 f"{'ranks not in it: ' + ', '.join(map(str, late + sorted(pending))) if late or pending else 'every rank is in it'}"]
+                 f"{'ranks not in it: ' + ', '.join(map(str, missing)) if missing else 'every rank is in it'}"]
         for r in late:
             s = replies[r]
             where = "waiting in" if s["inside"] else "last finished"
@@ -140,7 +141,7 @@ class Monitor:
 
 
 # -- the one monitor thread of the process -----------------------------------------------------------
-_monitors: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _lock = threading.Lock()
 _thread: list[threading.Thread] = []
 _stop = threading.Event()

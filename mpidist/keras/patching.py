@@ -77,4 +77,5 @@ def child_strategies(trackable: Any) -> list[Any]:
     """The strategies (or None) of the objects a ``tf.train.Checkpoint``-like object tracks
     (TensorFlow's ``_trackable_children`` and each child's ``_distribute_strategy``)."""
     children = getattr(trackable, "_trackable_children", None)
-    return [getattr(child, "_distribute_strategy", None) for child in (children().values() if callable(children) else ())]
+    found = children().values() if callable(children) else ()
+    return [getattr(child, "_distribute_strategy", None) for child in found]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from . import patching
 
 _LOCAL = contextvars.ContextVar("mpidist_keras_local_predict", default=False)
-_local_functions: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_local_functions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def gather_outputs(values: Any, strategy: Any) -> Any:

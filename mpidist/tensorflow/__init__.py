@@ -4,8 +4,14 @@ Importing this package imports TensorFlow; nothing below ``mpidist/tensorflow`` 
 module only re-exports. The strategy classes (classes.py) build through ``make_strategy``.
 """
 from . import checkpoint
-from .classes import (CentralStorageStrategy, ExperimentalMultiWorkerMirroredStrategy, MirroredStrategy,
-                      MultiWorkerMirroredStrategy, OneDeviceStrategy, experimental)
+from .classes import (
+                      CentralStorageStrategy,
+                      ExperimentalMultiWorkerMirroredStrategy,
+                      MirroredStrategy,
+                      MultiWorkerMirroredStrategy,
+                      OneDeviceStrategy,
+                      experimental,
+)
 from .collectives import XlaCollectiveError
 from .extended import MPIExtended
 from .input import MPIDistributedDataset

@@ -40,7 +40,6 @@ import tensorflow as tf
 
 from . import _tf_private
 
-
 Policy = tf.data.experimental.AutoShardPolicy
 READERS = frozenset({"TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
                      "FixedLengthRecordDatasetV2", "ArrayRecordDataset", "RecordIODataset", "SSTableDataset"})
@@ -63,7 +62,7 @@ def count_files(dataset: tf.data.Dataset) -> FileCount:
     """How many files the readers in ``dataset`` read (the smallest source when there are several)."""
     try:
         graph = _tf_private.serialized_graph(dataset)
-    except Exception as error:  # noqa: BLE001 - any failure only means "cannot tell"
+    except Exception as error:
         return FileCount(UNCOUNTED, f"its graph could not be read ({type(error).__name__}: {error})")
     nodes = {n.name: n for n in graph.node}
     calls = {f.signature.name: {a.func.name for n in f.node_def for a in n.attr.values() if a.func.name}

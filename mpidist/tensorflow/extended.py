@@ -20,9 +20,9 @@ import tensorflow as tf
 from ..cross_device import local_value
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, cross_device, input as input_lib, reductions, variables
+from . import _tf_private, collectives, cross_device, reductions, variables
+from . import input as input_lib
 from .replica_context import MPIReplicaContext
-
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 

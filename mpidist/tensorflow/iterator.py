@@ -100,7 +100,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
         """This rank's ``tf.data`` iterator (the composite tensor's one component)."""
         return self._iterator
 
-    def __iter__(self) -> "MPIDistributedIterator":
+    def __iter__(self) -> MPIDistributedIterator:
         return self
 
     @_no_autograph
@@ -168,7 +168,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
         return value
 
     @property
-    def _type_spec(self) -> "MPIIteratorSpec":
+    def _type_spec(self) -> MPIIteratorSpec:
         return MPIIteratorSpec(self._shared)
 
     def __repr__(self) -> str:
@@ -192,7 +192,7 @@ class MPIIteratorSpec(tf.TypeSpec):
         return (s.local_spec, id(s.strategy), s.agree)
 
     @classmethod
-    def _deserialize(cls, serialization: Any) -> "MPIIteratorSpec":
+    def _deserialize(cls, serialization: Any) -> MPIIteratorSpec:
         raise ValueError("MPIIteratorSpec cannot be deserialized (it refers to a live strategy)")
 
     @property
@@ -205,7 +205,7 @@ class MPIIteratorSpec(tf.TypeSpec):
     def _from_components(self, components: Any) -> MPIDistributedIterator:
         return MPIDistributedIterator(self._shared, components)
 
-    def _without_tensor_names(self) -> "MPIIteratorSpec":
+    def _without_tensor_names(self) -> MPIIteratorSpec:
         return self  # dataset element specs carry no tensor names
 
     def is_subtype_of(self, other: Any) -> bool:

@@ -60,7 +60,7 @@ class MPIStrategy(tf.distribute.Strategy):
             if self._engine_ref.topology.comm is not None:  # not closed through a copy of this strategy
                 self._engine_ref.close()
 
-    def __enter__(self) -> "MPIStrategy":
+    def __enter__(self) -> MPIStrategy:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -129,7 +129,7 @@ class MPIStrategy(tf.distribute.Strategy):
         the global batch size (TensorFlow 1's Strategy had it; mpidist's NumPy strategies too)."""
         return self.extended.experimental_make_numpy_dataset(numpy_input, session=session)
 
-    def __deepcopy__(self, memo: dict) -> "MPIStrategy":
+    def __deepcopy__(self, memo: dict) -> MPIStrategy:
         ext = self.extended
         copy = type(self)(self._kind, self._engine_ref, ext.options, ext.device, ext.scope_device,
                           ext.cluster_resolver)

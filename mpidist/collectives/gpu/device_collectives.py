@@ -3,8 +3,9 @@
 They mirror the host modules (allreduce.py, broadcast.py, ...): the same packing plan (so
 ``bytes_per_pack`` / ``num_packs`` mean the same), the same results (dtypes, shapes, MEAN
 semantics, broadcast returning the root's own arrays at the root, ``None`` off the root for
-reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked on the device and the data never leaves it unless the
-path stages it. Zero-size buffers are skipped on every rank (sizes are agreed, so all skip alike).
+reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked
+on the device and the data never leaves it unless the path stages it. Zero-size buffers are
+skipped on every rank (sizes are agreed, so all skip alike).
 
 With NCCL alone (the ``nccl`` path), a reduction does not pack: every leaf is its own NCCL call,
 and the calls of all leaves are issued as one NCCL group (``ncclGroupStart/End``), which NCCL
@@ -74,7 +75,8 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
     for pack_, _, recv, rule in done:
         if rule.finish_mean:
             finish_mean(recv, env.size, xp=cp)
-        for i, out in zip(pack_, packing.unpack(recv, [arrays[i].shape for i in pack_], [dtypes[pack_[0]]] * len(pack_))):
+        shapes = [arrays[i].shape for i in pack_]
+        for i, out in zip(pack_, packing.unpack(recv, shapes, [dtypes[pack_[0]]] * len(pack_))):
             results[i] = out
     return results
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from ..._config import rc
 from ...errors import GpuUnavailableError
-from .. import arrays as host_arrays, nest
+from .. import arrays as host_arrays
+from .. import nest
 from ..ops import check_dtype
 from ..options import Resolved
 from ..pipeline import Call, Pipeline

@@ -129,7 +129,7 @@ def _nccl(cp: Any, node: nccl.NodeComm, leaves: list[Any], red: Op, single: bool
         outs, sends = [], []
         group_start()
         try:
-            for x, (shape, dtype, wire, convert, count, datatype, op, _, _) in zip(leaves_, plan):
+            for x, (shape, _, wire, convert, count, datatype, op, _, _) in zip(leaves_, plan):
                 send = as_dtype(x, wire) if convert else x
                 out = empty(shape, wire)
                 allreduce(send.data.ptr, out.data.ptr, count, datatype, op, stream)
@@ -244,7 +244,7 @@ def _mpi_device(cp: Any, comm: MPI.Intracomm, size: int, layout: list, single: b
     def on_device(value: Any) -> Any:
         leaves = (value,) if single else value
         sends = []
-        for _, count, wire, _, _, _, bounds in layout:
+        for _, _, wire, _, _, _, bounds in layout:
             sends.append(packing.pack([leaves[i] for i, *_ in bounds], wire, xp=cp).reshape(-1))
         current().synchronize()  # MPI reads device memory: the producers must be done
         results: list[Any] = [None] * n_leaves

@@ -52,7 +52,7 @@ class DeviceRecipe(tuple):
     """NCCL steps ``("nccl", datatype, count, op, nbytes)`` on one node communicator; compares as the
     tuple of its steps."""
 
-    def __new__(cls, steps: Any, node: Any, cp: Any) -> "DeviceRecipe":
+    def __new__(cls, steps: Any, node: Any, cp: Any) -> DeviceRecipe:
         recipe = super().__new__(cls, steps)
         recipe.node, recipe.cp = node, cp
         return recipe

@@ -10,7 +10,8 @@ agreement check and deadlines cover it like any collective):
   cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
   none on a set of one rank).
 - Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
-  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that. For an allreduce the joined ranks, looping inside ``join()``, take part with
+  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that.
+  For an allreduce the joined ranks, looping inside ``join()``, take part with
   the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
   Horovod; +inf/-inf/1 for Min/Max/Product). Any other collective (allgather, broadcast, alltoall,
   reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the

@@ -149,7 +149,7 @@ class _Keras2Mixin:
 
 class _LegacyMixin(_Keras2Mixin):
     @property
-    def variables(self) -> "CallableList":  # type: ignore[override]
+    def variables(self) -> CallableList:  # type: ignore[override]
         """The optimizer's variables, as a list that can also be called (Horovod's shim)."""
         return CallableList(super().variables())  # type: ignore[misc]
 
@@ -157,7 +157,7 @@ class _LegacyMixin(_Keras2Mixin):
 class CallableList(list):
     """A list that returns itself when called: ``opt.variables`` and ``opt.variables()`` both work."""
 
-    def __call__(self) -> "CallableList":
+    def __call__(self) -> CallableList:
         return self
 
 

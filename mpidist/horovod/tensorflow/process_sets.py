@@ -7,7 +7,7 @@ A rank outside a set holds no engine for it; a collective there raises ValueErro
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 from mpi4py import MPI
 

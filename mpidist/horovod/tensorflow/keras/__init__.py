@@ -11,16 +11,55 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import (Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,  # noqa: F401
-                allgather_object, alltoall, barrier, broadcast, broadcast_object,
-                broadcast_object_fn, broadcast_variables, cross_rank, cross_size, cuda_built, global_process_set,
-                gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, init,
-                is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                shutdown, size, start_timeline, stop_timeline)
-from .. import allgather as _allgather, allreduce as _allreduce, broadcast as _broadcast
-from .. import optimizer as _optimizer, reducescatter as _reducescatter
 from ....keras import flavor
+from .. import (  # noqa: F401
+    Adasum,
+    Average,
+    Compression,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    allgather_object,
+    alltoall,
+    barrier,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    init,
+    is_homogeneous,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from .. import allgather as _allgather
+from .. import allreduce as _allreduce
+from .. import broadcast as _broadcast
+from .. import optimizer as _optimizer
+from .. import reducescatter as _reducescatter
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks, elastic
 
@@ -113,5 +152,6 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
     return model
 
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables", "load_model", "callbacks", "elastic", "init", "shutdown",
-           "size", "rank", "local_size", "local_rank", "allreduce", "allgather", "broadcast"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization",
+           "broadcast_global_variables", "load_model", "callbacks", "elastic", "init", "shutdown", "size", "rank",
+           "local_size", "local_rank", "allreduce", "allgather", "broadcast"]

@@ -182,7 +182,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def on_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.current_epoch < self.start_epoch or (self.end_epoch is not None and self.current_epoch >= self.end_epoch):
+        ended = self.end_epoch is not None and self.current_epoch >= self.end_epoch
+        if self.current_epoch < self.start_epoch or ended:
             return
         if self.staircase and batch == 0:
             self._adjust(self.current_epoch)
@@ -211,4 +212,5 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
-            _log.info("Epoch %d: finished gradual learning rate warmup to %g.", epoch + 1, _get_lr(self.model.optimizer))
+            _log.info("Epoch %d: finished gradual learning rate warmup to %g.", epoch + 1,
+                      _get_lr(self.model.optimizer))
