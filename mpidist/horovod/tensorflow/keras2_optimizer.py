@@ -133,10 +133,10 @@ class _Keras2Mixin:
         if helper is None:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)  # type: ignore[misc]
         grads_and_vars = list(grads_and_vars)
-        base = super()
+        base: Any = super()  # the Keras 2 optimizer class this is mixed into
 
         def apply() -> tf.Tensor:
-            base.apply_gradients(grads_and_vars, *args, **kwargs)  # type: ignore[misc]
+            base.apply_gradients(grads_and_vars, *args, **kwargs)
             return tf.constant(True)
 
         def count_only() -> tf.Tensor:
@@ -149,7 +149,7 @@ class _Keras2Mixin:
 
 class _LegacyMixin(_Keras2Mixin):
     @property
-    def variables(self) -> CallableList:  # type: ignore[override]
+    def variables(self) -> CallableList:
         """The optimizer's variables, as a list that can also be called (Horovod's shim)."""
         return CallableList(super().variables())  # type: ignore[misc]
 
@@ -161,7 +161,8 @@ class CallableList(list):
         return self
 
 
-def _distributed_class(base: type, settings: dict[str, Any], legacy: bool) -> type:
+def _distributed_class(base: Any, settings: dict[str, Any], legacy: bool) -> Any:
+    """The DistributedOptimizer subclass of ``base``, a Keras 2 optimizer class."""
     mixin = _LegacyMixin if legacy else _Keras2Mixin
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -30,6 +30,7 @@ class _KerasMixin:
     hvd_passes: int
     hvd_average_aggregated: bool
     hvd_local: set[int]
+    built: bool  # the Keras optimizer's (the class this is mixed into): whether build() ran
 
     @property
     def hvd_accumulators(self) -> list[Any]:
@@ -91,7 +92,7 @@ class _KerasMixin:
         if self.hvd_passes == 1:
             reduced = grads if self._already_reduced(grads) else self.hvd_reduce(grads, variables)
             return super().apply(reduced, variables)  # type: ignore[misc]
-        if not self.built:  # type: ignore[attr-defined]
+        if not self.built:
             self.build(variables)
             self.built = True
         if variables is None:
@@ -135,7 +136,7 @@ def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dens
                      average_aggregated_gradients: bool, num_groups: int, groups: Any,
                      process_set: ProcessSet, scale_local_gradients: bool, local: set[int]) -> Any:
     check_passes(backward_passes_per_step)
-    cls = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    cls: Any = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})  # a Keras class
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -220,7 +221,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         if backward_passes_per_step != 1:
             raise NotImplementedError("DistributedOptimizer: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers only")
-        cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
+        cls: Any = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})  # a TF class
         new = cls.__new__(cls)
         new.__dict__.update(optimizer.__dict__)
         new.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
