@@ -94,7 +94,7 @@ def reduce_packs(ctx, arrays: list[np.ndarray], op: Op, transfer, keep: bool = T
     """
     rule = dtype_rules(ctx, arrays, op)
     dtypes = [a.dtype for a in arrays]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # filled below, unless keep=False
     nbytes = [a.size * rule[d][0].itemsize for a, d in zip(arrays, dtypes)]
     for pack in ([[0]] if len(arrays) == 1 else ctx.plan(nbytes, dtypes)):
         dtype = dtypes[pack[0]]

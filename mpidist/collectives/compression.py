@@ -55,7 +55,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op, others: Callable[[list[np.ndarray
     codec = _CODECS[ctx.compression]
     mine = [i for i, a in enumerate(arrays) if a.dtype == F32]
     rest = [i for i, a in enumerate(arrays) if a.dtype != F32]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # each filled below
     if mine:
         if ctx.size > 1:  # the timeline's record of this collective says so
             ctx.notes = {**(ctx.notes or {}), "compression": codec.name}

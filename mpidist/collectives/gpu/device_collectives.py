@@ -82,7 +82,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
 
 
 def allreduce(env: Env, arrays: list[Any], op: Op) -> list[Any]:
-    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]
+    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]  # no root: every rank keeps its results
 
 
 def reduce(env: Env, arrays: list[Any], op: Op, root: int) -> list[Any] | None:

@@ -11,7 +11,7 @@ optimizer's ``iterations`` counts applied updates, as with Horovod).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -30,7 +30,11 @@ class _KerasMixin:
     hvd_passes: int
     hvd_average_aggregated: bool
     hvd_local: set[int]
-    built: bool  # the Keras optimizer's (the class this is mixed into): whether build() ran
+    # the Keras 3 optimizer's (the class this is mixed into), declared for the type checker:
+    built: bool
+    _trainable_variables: list[Any]
+    add_variable: Callable[..., Any]
+    add_variable_from_reference: Callable[..., Any]
 
     @property
     def hvd_accumulators(self) -> list[Any]:
@@ -49,7 +53,7 @@ class _KerasMixin:
         local: list[int] = []
         if self.hvd_local:
             named = variables if variables is not None else \
-                list(self._trainable_variables)  # type: ignore[attr-defined]
+                list(self._trainable_variables)
             local = [i for i, v in enumerate(named) if id(v) in self.hvd_local]
         return reduce_gradients(grads, variables, local=local, **self.hvd_args)
 
@@ -79,11 +83,11 @@ class _KerasMixin:
         return marked is not None and len(marked) == len(grads) and all(g is m for g, m in zip(grads, marked))
 
     def build(self, variables: Any) -> None:
-        super().build(variables)  # type: ignore[misc]
+        super().build(variables)  # type: ignore[misc]  # the Keras class mixed in has it
         if self.hvd_passes > 1:
-            self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")  # type: ignore[attr-defined]
+            self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")
                              for v in variables]
-            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",  # type: ignore[attr-defined]
+            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
                                                   name="hvd_backward_passes")
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
@@ -91,13 +95,13 @@ class _KerasMixin:
         variables = None if trainable_variables is None else list(trainable_variables)
         if self.hvd_passes == 1:
             reduced = grads if self._already_reduced(grads) else self.hvd_reduce(grads, variables)
-            return super().apply(reduced, variables)  # type: ignore[misc]
+            return super().apply(reduced, variables)  # type: ignore[misc]  # the Keras class mixed in has it
         if not self.built:
             self.build(variables)
             self.built = True
         if variables is None:
-            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
-        index = {id(v): i for i, v in enumerate(self._trainable_variables)}  # type: ignore[attr-defined]
+            variables = list(self._trainable_variables)
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
         accs = [self._hvd_acc[index[id(v)]] for v in variables]
         for g, acc in zip(grads, accs):
             if g is not None:
@@ -110,7 +114,7 @@ class _KerasMixin:
             if self.hvd_average_aggregated:
                 summed = [None if s is None else s / tf.cast(passes, s.dtype) for s in summed]
             reduced = self.hvd_reduce(summed, variables)
-            super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]
+            super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]  # the Keras class mixed in has it
             for acc in accs:
                 acc.assign(tf.zeros_like(acc))
             return tf.constant(True)
@@ -173,11 +177,13 @@ def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as
 class _V1Mixin:
     """``compute_gradients`` of a tf.compat.v1.train.Optimizer, allreduced."""
 
+    hvd_args: dict[str, Any]
+
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
+        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]  # the Keras class mixed in has it
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
-        return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))  # type: ignore[attr-defined]
+        return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))
 
 
 def shared_variables(optimizer: Any) -> list[Any]:
