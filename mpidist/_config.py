@@ -57,7 +57,7 @@ def _compression(name: str, value: Any) -> str:
     """none, float16 or bfloat16 (aliases: see validation.check_compression); None and "" mean none."""
     if isinstance(value, str) and not value.strip():
         return "none"
-    return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]
+    return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]  # None only if optional
 
 
 def _path(name: str, value: Any) -> str:

@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fake:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "mpi"))
-        import fake_cupy
-        cp = fake_cupy.install()
+        import fake_cupy  # type: ignore[import-not-found]  # tests/mpi, on sys.path from the line above
+        cp: Any = fake_cupy.install()
     else:
-        import cupy as cp
+        import cupy
+        cp = cupy
     from mpi4py import MPI
 
     import mpidist
@@ -55,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = MPI.COMM_WORLD.Get_rank()
     for label, package in packages:
         engine = package.collectives.Engine()
+        assert package.__file__ is not None, "a package imported from a checkout has a file"
         root = os.path.dirname(package.__file__) + os.sep
         one = cp.ones(1024, dtype=cp.float32)
         ten = [cp.ones(100 + i, dtype=cp.float32) for i in range(10)]
         for what, value in (("one array", one), ("ten arrays", ten)):
-            total, inside = count(lambda engine=engine, value=value: engine.allreduce(value), (root,))
+            def call(engine=engine, value=value):
+                return engine.allreduce(value)
+            total, inside = count(call, (root,))
             if rank == 0:
                 print(f"{label:<14} allreduce of {what:<11}: {total:6.1f} Python calls per call, {inside:5.1f} "
                       f"inside mpidist ({package.__name__} at {os.path.dirname(root)})", flush=True)

@@ -128,7 +128,7 @@ def run(sizes: list[int], staged_sizes: list[int], seconds: float, comm: MPI.Int
                 raw.allReduce(x.data.ptr, buf.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
                 stream.synchronize()
                 return buf
-            cases = {"raw NCCL": raw_call}
+            cases: dict[str, Callable[[], Any]] = {"raw NCCL": raw_call}
             for side in sides:
                 cases["mpidist" + side.label] = mpidist_case(side.auto, None, x)
             _checked(cases, cp, expected, f"NCCL, {fmt_size(nbytes)}")

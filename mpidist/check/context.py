@@ -14,6 +14,7 @@ from ..collectives import Engine
 from .results import Outcome, broken, ok, skipped
 
 DTYPES = (np.int32, np.int64, np.float32, np.float64)
+_REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
 
 @dataclass
@@ -84,7 +85,7 @@ def reference(size: int, dtype: Any, shape: tuple[int, ...], op: str) -> np.ndar
     every = np.stack([make(r, dtype, shape, op) for r in range(size)])
     if op == "mean":
         return (every.sum(axis=0) / size).astype(dtype)
-    return {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](every, axis=0).astype(dtype)
+    return _REDUCE[op](every, axis=0).astype(dtype)
 
 
 def mismatch(what: str, got: Any, expected: np.ndarray) -> str | None:

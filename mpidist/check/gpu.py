@@ -185,9 +185,10 @@ def gpu_paths(ctx: Context) -> list[tuple[str, Outcome]]:
                 continue
             x = cp.ones(ctx.nbytes // 4, dtype=cp.float32)
             stream = cp.cuda.get_current_stream()
-            seconds = median_seconds(lambda x=x, algorithm=algorithm, timeout=timeout, stream=stream: (
-                ctx.engine.allreduce(x, algorithm=algorithm, timeout_seconds=timeout), stream.synchronize()),
-                ctx.repeat)
+
+            def timed(x=x, algorithm=algorithm, timeout=timeout, stream=stream):
+                return ctx.engine.allreduce(x, algorithm=algorithm, timeout_seconds=timeout), stream.synchronize()
+            seconds = median_seconds(timed, ctx.repeat)
         results.append((title, ok(f"allreduce path {label}: allreduce, broadcast, allgather, reduce, reduce_scatter "
                                   f"of every dtype equal the host reference",
                                   timing_line(f"path {label}, float32 sum", ctx.nbytes, seconds,

@@ -84,7 +84,9 @@ def combine(name: str, outcomes: Sequence[Outcome]) -> Verdict:
     timing = None
     if worst == "ok" and first.timing is not None:
         slowest = max(range(len(outcomes)), key=lambda r: outcomes[r].seconds or 0.0)
-        timing = outcomes[slowest].timing + (f"; slowest rank {slowest}" if len(outcomes) > 1 else "")
+        slow = outcomes[slowest].timing
+        assert slow is not None, "every rank's ok() of one check carries a timing when the first does"
+        timing = slow + (f"; slowest rank {slowest}" if len(outcomes) > 1 else "")
     return Verdict(name, worst, detail, timing, first.fix)
 
 

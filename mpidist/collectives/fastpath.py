@@ -71,7 +71,8 @@ class FastPaths:
 
     def device_key(self, op: Any, value: Any) -> tuple:
         """The key of a call on device arrays (what :meth:`lookup` builds inline)."""
-        if type(value) is self._device_kind:
+        kind = type(value)  # (not `type(value) is ...`: mypy would narrow `value` to object)
+        if kind is self._device_kind:
             return (op, value.dtype, value.shape, value.strides, value.data.device_id, self._current_device(),
                     self._implementation())
         return (op, type(value), tuple([(type(a), a.dtype, a.shape, a.strides, a.data.device_id) for a in value]),

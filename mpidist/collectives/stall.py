@@ -77,6 +77,7 @@ class Monitor:
             done, msg = self._recv.test()
             if not done:
                 return
+            assert msg is not None, "a query carries the asking rank"
             self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
             self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
 
@@ -107,6 +108,7 @@ class Monitor:
             for r, req in list(pending.items()):
                 done, state = req.test()
                 if done:
+                    assert state is not None, "a reply carries the replying rank's state"
                     replies[r] = state
                     del pending[r]
             time.sleep(0.01)

@@ -33,7 +33,7 @@ def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> N
     if key in _PATCHES:
         return
     original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    wrapped = make(original)
+    wrapped: Any = make(original)  # a function, marked below as ours
     if callable(original) and not isinstance(original, (staticmethod, classmethod)):
         functools.update_wrapper(wrapped, original)
     wrapped.__mpidist_patch__ = True

@@ -27,13 +27,20 @@ built before the strategy is not covered. The base comes from the widest strateg
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import numpy as np
 
 from . import patching
 
-_state = {"base": None, "count": 0, "size": 0}
+
+class _Seeds(TypedDict):
+    base: int | None  # the agreed base seed (None: no multi-rank strategy yet)
+    count: int        # seeds handed out since the base was agreed
+    size: int         # ranks of the widest strategy so far
+
+
+_state: _Seeds = {"base": None, "count": 0, "size": 0}
 _DEFAULT_GRAPH_SEED = 87654321  # what TensorFlow reports as the global seed when none is set
 
 
@@ -49,7 +56,7 @@ def register(strategy: Any) -> None:
     mine = np.array([random.SystemRandom().getrandbits(62)], dtype=np.int64)
     base = int(strategy.engine.broadcast(mine, root=0)[0])
     if strategy.engine.size >= _state["size"]:
-        _state.update(base=base, count=0, size=strategy.engine.size)
+        _state.update({"base": base, "count": 0, "size": strategy.engine.size})
 
 
 def _global_seed_set() -> bool:
@@ -59,10 +66,11 @@ def _global_seed_set() -> bool:
 
 def next_seed() -> int | None:
     """The next agreed seed, or None (no multi-rank strategy yet, or a global seed is set)."""
-    if _state["base"] is None or _global_seed_set():
+    base = _state["base"]
+    if base is None or _global_seed_set():
         return None
     _state["count"] += 1
-    return int(np.random.SeedSequence([_state["base"], _state["count"]]).generate_state(1, np.uint32)[0])
+    return int(np.random.SeedSequence([base, _state["count"]]).generate_state(1, np.uint32)[0])
 
 
 def _dataset_shuffle(original: Callable[..., Any]) -> Callable[..., Any]:

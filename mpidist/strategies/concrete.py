@@ -121,7 +121,7 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
     # TensorFlow's experimental class takes `communication` first, and isinstance(s, MWMS) must hold:
     # a subclass with another constructor signature, on purpose
     @classmethod
-    def _setup(cls, communication: Any = CommunicationImplementation.AUTO,  # type: ignore[override]
+    def _setup(cls, communication: Any = CommunicationImplementation.AUTO,  # type: ignore[override]  # see above
                cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None) -> Parts:
         return super()._setup(cluster_resolver, communication_options, comm=comm, _communication=communication)
 

@@ -88,10 +88,11 @@ def count_files(dataset: tf.data.Dataset) -> FileCount:
         sources = sorted({n.op for n in graph.node if _DATASET_OP.search(n.op) and
                           not any(_is_dataset(nodes, i) for i in n.input)})
         return FileCount(NO_READER, f"it reads no files (its source: {', '.join(sources) or 'unknown'})")
-    if any(c is None for c in counts):
+    known = [c for c in counts if c is not None]
+    if len(known) < len(counts):
         return FileCount(UNCOUNTED, "the number of files it reads could not be found in its graph"
                          + (f" ({'; '.join(reasons)})" if reasons else ""))
-    return FileCount(min(counts), f"it reads {min(counts)} file(s)")
+    return FileCount(min(known), f"it reads {min(known)} file(s)")
 
 
 def _is_dataset(nodes: dict, ref: str) -> bool:

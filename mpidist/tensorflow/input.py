@@ -44,9 +44,9 @@ INFINITE, UNKNOWN = int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDI
 # TensorFlow); tf.distribute.DistributedDataset itself is named DistributedDatasetInterface. This
 # base carries the name Keras looks for, so model.fit(strategy.experimental_distribute_dataset(ds))
 # works as with TensorFlow's own strategies. It adds nothing else; the module named is not real.
-_KerasNamed = type("DistributedDataset", (tf.distribute.DistributedDataset,),
-                   {"__module__": "tensorflow.python.distribute.mpidist_keras_name",
-                    "__doc__": "tf.distribute.DistributedDataset under the name Keras 3 recognizes."})
+_KerasNamed: Any = type("DistributedDataset", (tf.distribute.DistributedDataset,),
+                        {"__module__": "tensorflow.python.distribute.mpidist_keras_name",
+                         "__doc__": "tf.distribute.DistributedDataset under the name Keras 3 recognizes."})
 
 
 class MPIDistributedDataset(_KerasNamed):

@@ -134,7 +134,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
             return tf.cond(mine, optional.get_value, lambda: empty_value(shared.local_spec))
 
     @_no_autograph
-    def get_next_as_optional(self) -> Optional:
+    def get_next_as_optional(self) -> tf.experimental.Optional:
         """An Optional whose ``has_value()`` is the same on every rank: some rank still has data."""
         shared = self._shared
         if not shared.agree:

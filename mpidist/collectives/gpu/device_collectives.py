@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -82,7 +82,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
 
 
 def allreduce(env: Env, arrays: list[Any], op: Op) -> list[Any]:
-    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]
+    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]  # no root: every rank keeps its results
 
 
 def reduce(env: Env, arrays: list[Any], op: Op, root: int) -> list[Any] | None:
@@ -148,5 +148,6 @@ def reduce_scatter(env: Env, arrays: list[Any], op: Op) -> list[Any]:
     return results
 
 
-RUN = {"allreduce": allreduce, "reduce": reduce, "broadcast": broadcast, "allgather": allgather,
-       "reduce_scatter": reduce_scatter}
+RUN: dict[str, Callable[..., list[Any] | None]] = {
+    "allreduce": allreduce, "reduce": reduce, "broadcast": broadcast, "allgather": allgather,
+    "reduce_scatter": reduce_scatter}

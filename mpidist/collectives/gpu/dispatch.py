@@ -73,7 +73,8 @@ def _device(cp: Any, leaves: list[Any], where: str) -> tuple[list[Any | None], i
 def _to_device(cp: Any, leaves: list[Any], views: list[Any | None], where: str
                ) -> tuple[list[Any], list[host_arrays.Adapter | None]]:
     """Contiguous CuPy arrays of every leaf (in the current device) and how to give host leaves back."""
-    out, restore = [], []
+    out: list[Any] = []
+    restore: list[host_arrays.Adapter | None] = []
     for i, (leaf, view) in enumerate(zip(leaves, views)):
         if view is None:
             host, adapter = host_arrays.to_host(leaf, where, i)

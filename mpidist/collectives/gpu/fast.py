@@ -64,7 +64,7 @@ def build(pipeline: Any, cp: Any, red: Op, value: Any) -> Callable | None:
         return None
     device = leaves[0].data.device_id
     implementation, who = paths.current()
-    path = paths.choose(implementation, rc.algorithm, job, deadline=False, who=who)
+    path = paths.choose(implementation, rc.algorithm, job, deadline=False, who=who or _WHERE)  # as dispatch.py
     topo = pipeline.topology
     if path is Path.NCCL:
         node = state.node_comms.get(device)
@@ -106,6 +106,7 @@ def _nccl(cp: Any, node: nccl.NodeComm, leaves: list[Any], red: Op, single: bool
         if rule is None:  # no NCCL rule (PROD of complex): the general path's MPI fallback
             return None
         wire = rule.wire
+        assert rule.nccl_dtype is not None, "an NCCL rule names its NCCL datatype"
         plan.append((a.shape, a.dtype, wire, a.dtype != wire, a.size * rule.factor,
                      getattr(module, rule.nccl_dtype), getattr(module, nccl.OPS[rule.red]), rule.finish_mean,
                      a.size * wire.itemsize))

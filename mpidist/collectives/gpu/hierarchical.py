@@ -54,6 +54,11 @@ class HierarchicalTransport:
         version = self.node.version if self.node is not None else 0
         return nccl.nccl_rule(dtype, op, version, self.env.ctx.where, what, hierarchical=True)
 
+    def _nccl(self) -> nccl.NodeComm:
+        """The node's NCCL communicator: only a node of one rank has none, and it skips the NCCL steps."""
+        assert self.node is not None, "a node of several ranks has an NCCL communicator"
+        return self.node
+
     def group(self) -> Any:  # MPI steps read NCCL results, so nothing may wait for a group's end
         return contextlib.nullcontext()
 
@@ -97,10 +102,10 @@ class HierarchicalTransport:
             self._alone(send, recv, rule)
             return
         if self.copy:
-            self.node.reduce(send, recv, rule, 0, stream)
+            self._nccl().reduce(send, recv, rule, 0, stream)
             if topo.local_rank == 0:
                 self._cross_allreduce(topo.leaders, recv, rule)
-            self.node.broadcast(recv, 0, stream)
+            self._nccl().broadcast(recv, 0, stream)
             return
         n, parts = send.size, topo.local_size
         shard = -(-n // parts)
@@ -111,9 +116,9 @@ class HierarchicalTransport:
             padded[:n] = send
             out = cp.empty(shard * parts, dtype=rule.wire)
         mine = out[topo.local_rank * shard:(topo.local_rank + 1) * shard]
-        self.node.reduce_scatter(padded, mine, rule, stream)
+        self._nccl().reduce_scatter(padded, mine, rule, stream)
         self._cross_allreduce(topo.cross, mine, rule)
-        self.node.allgather(mine, out, stream)  # in place: my shard already sits at its offset
+        self._nccl().allgather(mine, out, stream)  # in place: my shard already sits at its offset
         if out is not recv:
             recv[...] = out[:n]
 
@@ -123,11 +128,11 @@ class HierarchicalTransport:
         root_local = topo.node_ranks[root_node].index(root)
         in_root_node = topo.node_index == root_node
         if in_root_node and root_local != 0:
-            self.node.broadcast(buf, root_local, stream)
+            self._nccl().broadcast(buf, root_local, stream)
         if topo.leaders is not None:
             self._mpi(topo.leaders, "Bcast", buf, buf, root_node, root_has_data=in_root_node)
         if (not in_root_node or root_local == 0) and topo.local_size > 1:
-            self.node.broadcast(buf, 0, stream)
+            self._nccl().broadcast(buf, 0, stream)
 
     def reduce(self, send: Any, recv: Any | None, rule: Rule, root: int) -> None:
         self.allreduce(send, recv if recv is not None else self.env.cp.empty_like(send), rule)

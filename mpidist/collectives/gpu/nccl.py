@@ -136,6 +136,7 @@ class NodeComm:
             self.steps.enqueued(name, self.size, nbytes, lambda: call(*args))
 
     def _dtype(self, rule: Rule) -> int:
+        assert rule.nccl_dtype is not None, "NCCL calls take NCCL rules (nccl_rule, BYTES)"
         return getattr(self.module, rule.nccl_dtype)
 
     def _op(self, rule: Rule) -> int:

@@ -52,6 +52,9 @@ class DeviceRecipe(tuple):
     """NCCL steps ``("nccl", datatype, count, op, nbytes)`` on one node communicator; compares as the
     tuple of its steps."""
 
+    node: Any  # the NodeComm the steps ran on
+    cp: Any    # the CuPy module
+
     def __new__(cls, steps: Any, node: Any, cp: Any) -> DeviceRecipe:
         recipe = super().__new__(cls, steps)
         recipe.node, recipe.cp = node, cp

@@ -155,7 +155,7 @@ class MpiTransport:
             return
         hrecv = _host_like(self.env, recv) if recv is not None else None
         ctx.algorithm(send.nbytes).reduce(ctx, stage_to_host(self.env, send), hrecv, mop, root)
-        if recv is not None:
+        if hrecv is not None:  # None exactly where recv is
             stage_to_device(self.env, hrecv, recv)
 
     def allgatherv(self, send: Any, recv: Any, counts: np.ndarray) -> None:

@@ -53,6 +53,7 @@ def broadcast_bytes(engine: Engine, data: np.ndarray | None, root: int) -> np.nd
     broadcasts, its length and its bytes (objects.py's object broadcast uses it too)."""
     if engine.rank != root:
         data = np.zeros(0, np.uint8)
+    assert data is not None, "broadcast_bytes: the root passes its data"
     length = engine.broadcast(np.array([data.size], np.int64), root=root)
     if engine.rank != root:
         data = np.empty(int(np.asarray(length)[0]), np.uint8)
@@ -63,7 +64,10 @@ def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
     """``root``'s description on every rank."""
     mine = np.frombuffer(pickle.dumps(description), np.uint8) if engine.rank == root else None
     data = broadcast_bytes(engine, mine, root)
-    return description if engine.rank == root else pickle.loads(data.tobytes())
+    if engine.rank == root:
+        assert description is not None, "the root is an active rank: it describes its collective"
+        return description
+    return pickle.loads(data.tobytes())
 
 
 def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:

@@ -83,6 +83,7 @@ class _Keras2Mixin:
 
     hvd_args: dict[str, Any]
     _agg_helper: GradientAggregation | None
+    iterations: Any  # the Keras 2 optimizer's step counter (the class this is mixed into)
 
     def hvd_setup(self, settings: dict[str, Any]) -> None:
         self.hvd_args = dict(settings["args"])
@@ -116,9 +117,10 @@ class _Keras2Mixin:
         """This rank's gradients of ``loss``, allreduced (Horovod's override of Keras 2's method)."""
         tape = tf.GradientTape() if tape is None else tape
         if self.hvd_legacy:  # OptimizerV2's own method
-            pairs = super()._compute_gradients(loss, var_list, grad_loss, tape=tape)  # type: ignore[misc]
+            pairs = super()._compute_gradients(  # type: ignore[misc]  # the Keras class mixed in has it
+                loss, var_list, grad_loss, tape=tape)
         else:
-            pairs = super().compute_gradients(loss, var_list, tape=tape)  # type: ignore[misc]
+            pairs = super().compute_gradients(loss, var_list, tape=tape)  # type: ignore[misc]  # (as above)
         pairs = list(pairs)
         if not pairs:
             return pairs
@@ -126,32 +128,34 @@ class _Keras2Mixin:
         return list(zip(self.hvd_allreduce(grads, weights), weights))
 
     def get_gradients(self, loss: Any, params: Any) -> list[Any]:
-        return self.hvd_allreduce(super().get_gradients(loss, params), params)  # type: ignore[misc]
+        grads = super().get_gradients(loss, params)  # type: ignore[misc]  # the Keras class mixed in has it
+        return self.hvd_allreduce(grads, params)
 
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         helper = self._agg_helper
         if helper is None:
-            return super().apply_gradients(grads_and_vars, *args, **kwargs)  # type: ignore[misc]
+            return super().apply_gradients(  # type: ignore[misc]  # the Keras class mixed in has it
+                grads_and_vars, *args, **kwargs)
         grads_and_vars = list(grads_and_vars)
-        base = super()
+        base: Any = super()  # the Keras 2 optimizer class this is mixed into
 
         def apply() -> tf.Tensor:
-            base.apply_gradients(grads_and_vars, *args, **kwargs)  # type: ignore[misc]
+            base.apply_gradients(grads_and_vars, *args, **kwargs)
             return tf.constant(True)
 
         def count_only() -> tf.Tensor:
-            self.iterations.assign_add(1)  # type: ignore[attr-defined]
+            self.iterations.assign_add(1)
             return tf.constant(False)
 
         tf.cond(helper.is_apply_step(), apply, count_only)
-        return self.iterations  # type: ignore[attr-defined]
+        return self.iterations
 
 
 class _LegacyMixin(_Keras2Mixin):
     @property
-    def variables(self) -> CallableList:  # type: ignore[override]
+    def variables(self) -> CallableList:
         """The optimizer's variables, as a list that can also be called (Horovod's shim)."""
-        return CallableList(super().variables())  # type: ignore[misc]
+        return CallableList(super().variables())  # type: ignore[misc]  # the Keras class mixed in has it
 
 
 class CallableList(list):
@@ -161,7 +165,8 @@ class CallableList(list):
         return self
 
 
-def _distributed_class(base: type, settings: dict[str, Any], legacy: bool) -> type:
+def _distributed_class(base: Any, settings: dict[str, Any], legacy: bool) -> Any:
+    """The DistributedOptimizer subclass of ``base``, a Keras 2 optimizer class."""
     mixin = _LegacyMixin if legacy else _Keras2Mixin
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -11,7 +11,7 @@ optimizer's ``iterations`` counts applied updates, as with Horovod).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -30,6 +30,11 @@ class _KerasMixin:
     hvd_passes: int
     hvd_average_aggregated: bool
     hvd_local: set[int]
+    # the Keras 3 optimizer's (the class this is mixed into), declared for the type checker:
+    built: bool
+    _trainable_variables: list[Any]
+    add_variable: Callable[..., Any]
+    add_variable_from_reference: Callable[..., Any]
 
     @property
     def hvd_accumulators(self) -> list[Any]:
@@ -48,7 +53,7 @@ class _KerasMixin:
         local: list[int] = []
         if self.hvd_local:
             named = variables if variables is not None else \
-                list(self._trainable_variables)  # type: ignore[attr-defined]
+                list(self._trainable_variables)
             local = [i for i, v in enumerate(named) if id(v) in self.hvd_local]
         return reduce_gradients(grads, variables, local=local, **self.hvd_args)
 
@@ -78,11 +83,11 @@ class _KerasMixin:
         return marked is not None and len(marked) == len(grads) and all(g is m for g, m in zip(grads, marked))
 
     def build(self, variables: Any) -> None:
-        super().build(variables)  # type: ignore[misc]
+        super().build(variables)  # type: ignore[misc]  # the Keras class mixed in has it
         if self.hvd_passes > 1:
-            self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")  # type: ignore[attr-defined]
+            self._hvd_acc = [self.add_variable_from_reference(v, name="hvd_aggregated")
                              for v in variables]
-            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",  # type: ignore[attr-defined]
+            self._hvd_counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
                                                   name="hvd_backward_passes")
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
@@ -90,13 +95,13 @@ class _KerasMixin:
         variables = None if trainable_variables is None else list(trainable_variables)
         if self.hvd_passes == 1:
             reduced = grads if self._already_reduced(grads) else self.hvd_reduce(grads, variables)
-            return super().apply(reduced, variables)  # type: ignore[misc]
-        if not self.built:  # type: ignore[attr-defined]
+            return super().apply(reduced, variables)  # type: ignore[misc]  # the Keras class mixed in has it
+        if not self.built:
             self.build(variables)
             self.built = True
         if variables is None:
-            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
-        index = {id(v): i for i, v in enumerate(self._trainable_variables)}  # type: ignore[attr-defined]
+            variables = list(self._trainable_variables)
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
         accs = [self._hvd_acc[index[id(v)]] for v in variables]
         for g, acc in zip(grads, accs):
             if g is not None:
@@ -109,7 +114,7 @@ class _KerasMixin:
             if self.hvd_average_aggregated:
                 summed = [None if s is None else s / tf.cast(passes, s.dtype) for s in summed]
             reduced = self.hvd_reduce(summed, variables)
-            super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]
+            super(_KerasMixin, self).apply(reduced, variables)  # type: ignore[misc]  # the Keras class mixed in has it
             for acc in accs:
                 acc.assign(tf.zeros_like(acc))
             return tf.constant(True)
@@ -135,7 +140,7 @@ def _keras_optimizer(optimizer: Any, name: Any, compression: Any, sparse_as_dens
                      average_aggregated_gradients: bool, num_groups: int, groups: Any,
                      process_set: ProcessSet, scale_local_gradients: bool, local: set[int]) -> Any:
     check_passes(backward_passes_per_step)
-    cls = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    cls: Any = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})  # a Keras class
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -172,11 +177,13 @@ def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as
 class _V1Mixin:
     """``compute_gradients`` of a tf.compat.v1.train.Optimizer, allreduced."""
 
+    hvd_args: dict[str, Any]
+
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]
+        pairs = super().compute_gradients(*args, **kwargs)  # type: ignore[misc]  # the Keras class mixed in has it
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]
-        return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))  # type: ignore[attr-defined]
+        return list(zip(reduce_gradients(grads, variables, **self.hvd_args), variables))
 
 
 def shared_variables(optimizer: Any) -> list[Any]:
@@ -220,7 +227,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         if backward_passes_per_step != 1:
             raise NotImplementedError("DistributedOptimizer: backward_passes_per_step > 1 is supported for "
                                       "Keras optimizers only")
-        cls = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})
+        cls: Any = type(optimizer.__class__.__name__, (_V1Mixin, optimizer.__class__), {})  # a TF class
         new = cls.__new__(cls)
         new.__dict__.update(optimizer.__dict__)
         new.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,

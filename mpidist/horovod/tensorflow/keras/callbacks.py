@@ -36,7 +36,7 @@ from ..process_sets import global_process_set
 from ..sync import broadcast_variables
 
 _log = logging.getLogger("mpidist")
-keras = flavor.user_keras()  # tf.keras: Keras 2 (tf_keras) under TF_USE_LEGACY_KERAS=1, else Keras 3
+keras: Any = flavor.user_keras()  # tf.keras: Keras 2 (tf_keras) under TF_USE_LEGACY_KERAS=1, else Keras 3
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -153,7 +153,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def _adjust(self, epoch: float) -> None:
         optimizer = self.model.optimizer
-        old, new = _get_lr(optimizer), self.initial_lr * self.multiplier(epoch)
+        initial_lr = self.initial_lr
+        assert initial_lr is not None, "on_train_begin has set initial_lr"
+        old, new = _get_lr(optimizer), initial_lr * self.multiplier(epoch)
         _set_lr(optimizer, new, type(self).__name__)
         if self.correct_momentum == "hyper" and old != 0:  # Horovod's own: for this batch only
             self.restore_momentum = float(optimizer.momentum.numpy())
@@ -188,7 +190,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.staircase and batch == 0:
             self._adjust(self.current_epoch)
         elif not self.staircase:
-            self._adjust(self.current_epoch + float(batch) / self.steps_per_epoch)
+            steps = self.steps_per_epoch
+            assert steps is not None, "on_train_begin has set steps_per_epoch where staircase is off"
+            self._adjust(self.current_epoch + float(batch) / steps)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if logs is not None:
@@ -202,7 +206,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                  steps_per_epoch: int | None = None, verbose: int = 0, *args: Any) -> None:
         def multiplier(epoch: float) -> float:
             size = basics.size()
-            epoch += 1.0 / self.steps_per_epoch
+            steps = self.steps_per_epoch
+            assert steps is not None, "on_train_begin has set steps_per_epoch (the warmup is not a staircase)"
+            epoch += 1.0 / steps
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
@@ -211,6 +217,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         super().on_epoch_end(epoch, logs)
+        assert self.end_epoch is not None, "the warmup ends at warmup_epochs"
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             _log.info("Epoch %d: finished gradual learning rate warmup to %g.", epoch + 1,
                       _get_lr(self.model.optimizer))

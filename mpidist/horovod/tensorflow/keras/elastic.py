@@ -26,7 +26,7 @@ from ....keras import flavor
 from ..objects import broadcast_object
 from ..sync import broadcast_variables
 
-keras = flavor.user_keras()
+keras: Any = flavor.user_keras()
 
 
 class TensorFlowKerasState:
