@@ -1,9 +1,10 @@
 """tests/run's summary: a step where every test was skipped, or none ran, reads SKIP with pytest's
-reasons, never PASS. The step function is taken from tests/run itself and run on stand-in
+reasons, never PASS; every line ends with the step's time. The step function is taken from tests/run itself and run on stand-in
 commands that print what pytest prints."""
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -27,7 +28,9 @@ def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str |
               f"printf '%s\\n' \"${{summary[@]}}\"\n")
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    line = done.stdout.strip()
+    assert re.search(r" \[\d+ s\]$", line), f"no step time at the end of {line!r}"
+    return re.sub(r" \[\d+ s\]$", "", line)
 
 
 def test_every_test_skipped_is_a_skip_with_the_reasons(tmp_path):
