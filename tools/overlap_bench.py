@@ -26,11 +26,23 @@ divide by 16 for a micro-batch) and the engine all-reduces that carry gradients 
 The "before" code is loaded from ``git show REV:mpidist/tensorflow/collectives.py`` into this
 process and swapped in (reductions' ``collectives`` and ``buckets``) only while the before-step is
 traced, so both run side by side in one process; without git (or ``--before ''``) it is skipped.
+That old file runs on this checkout's engine, options and TensorFlow helpers, so where their API
+has moved since REV the bridge adapts the old calls here, in the tool, never in the product. One
+adaptation so far: before de25a2f the bridge passed per-call options to the engine as keyword
+arguments, ``engine.allreduce(..., **options.kwargs())``; the one-options-type refactor removed
+``CallOptions.kwargs()`` and the engine takes the options themselves (``options=``). So the old
+module's collectives get today's options wrapped in :class:`_OptionsAtRev`, whose ``kwargs()`` is
+``{"options": options}``: the engine sees the same options as the step after, and what is
+measured as "before" (one collective op after backprop, ordered by two AssignVariableOps) is the
+old code unchanged. No later revision can stand in: every one from 0d77522 on has buckets and the
+token as the op's input, which is the "after" being measured.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import inspect
 import json
 import os
 import subprocess
@@ -64,7 +76,39 @@ def before_bridge(rev: str) -> Any:
     module.__file__ = f"{rev}:mpidist/tensorflow/collectives.py"
     sys.modules[module.__name__] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)  # our own file at REV
+    if "options.kwargs()" in source:  # REV predates the engine's options= (module docstring)
+        for name in ("allreduce", "broadcast", "allgather", "any_rank"):
+            if callable(getattr(module, name, None)):
+                setattr(module, name, _options_at_rev(getattr(module, name)))
     return module
+
+
+class _OptionsAtRev:
+    """Today's :class:`~mpidist.collectives.options.CallOptions` as a bridge of before de25a2f read
+    them: its fields as they are (``implementation``, ``timeout_seconds``, ...), and ``kwargs()``,
+    the engine's arguments, as today's ``options=`` (the module docstring says why)."""
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.options, name)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+
+def _options_at_rev(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` of the old module, its ``options`` argument (given or default) wrapped."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def adapted(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        bound.arguments["options"] = _OptionsAtRev(bound.arguments["options"])
+        return function(*bound.args, **bound.kwargs)
+    return adapted
 
 
 class _NoBuckets:

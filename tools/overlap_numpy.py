@@ -17,8 +17,11 @@ blocks (medians over blocks, ``mpidist.bench.timing``):
   ``result()`` and the update. Buckets of ``--bucket-bytes`` (default 0: automatic, 4 MiB).
 
 The figure of merit is step / max(compute only, communication only): 1.0 is perfect overlap,
-(compute + comm) / max(compute, comm) is none. BLAS runs on ``--blas-threads`` threads per rank
-(default 1: the ranks share the cores; set before NumPy is imported, so run this as a program).
+(compute + comm) / max(compute, comm) is none. The step after must train the same weights as the
+step before: after timing, ``SAME_STEPS`` of each from the same fresh weights are compared bit for
+bit ("weights after == before"; not the timed models, whose step counts differ). BLAS runs on
+``--blas-threads`` threads per rank (default 1: the ranks share the cores; set before NumPy is
+imported, so run this as a program).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ from mpi4py import MPI
 
 from mpidist.bench.timing import compare
 from tools.overlap_bench import overlap_ratios, table
+
+SAME_STEPS = 5  # steps of each, before and after, whose weights must agree bit for bit
 
 
 class MLP:
@@ -128,9 +133,22 @@ def cases(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
              "MPI thread level is MULTIPLE": MPI.Query_thread() == MPI.THREAD_MULTIPLE,
              "BLAS threads (OPENBLAS_NUM_THREADS)": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
              "GIL switch interval (s)": sys.getswitchinterval()}
-    facts["weights after == before, bit for bit (same steps)"] = lambda: all(
-        a.tobytes() == b.tobytes() for a, b in zip(models["before"].params, models["after"].params))
+    facts["weights after == before, bit for bit (same steps)"] = lambda: same_weights(models, args, step_before,
+                                                                                      step_after)
     return timed, facts
+
+
+def same_weights(models: dict[str, MLP], args: argparse.Namespace, step_before: Callable[[], None],
+                 step_after: Callable[[], None]) -> bool:
+    """Whether ``SAME_STEPS`` steps before and as many after, from the same fresh weights, give the
+    same weights bit for bit. Its own steps, not the timed models': mpidist.bench.timing sizes each
+    case's blocks to that case's own ~10 ms, so the timed steps before and after run different
+    numbers of times. Collective: every rank calls it."""
+    models["before"], models["after"] = MLP(args), MLP(args)  # the steps read their model by name
+    for _ in range(SAME_STEPS):
+        step_before()
+        step_after()
+    return all(a.tobytes() == b.tobytes() for a, b in zip(models["before"].params, models["after"].params))
 
 
 def main(argv: list[str] | None = None) -> int:
