@@ -4,7 +4,9 @@ A genuine ``tf.distribute.Strategy`` needs a few of TensorFlow's internals (foun
 Keras 3.15; see docs/design.md). Each one is imported under a guard: when a TensorFlow
 release moves or drops one, importing mpidist.tensorflow fails with an error that names the
 symbol and the TensorFlow version, instead of an AttributeError deep inside a training step.
-Optional symbols (a faster path only) fall back silently.
+Optional symbols (a faster path only) fall back silently. ``TF_PRIVATE`` lists the private
+attributes and methods of TensorFlow classes that mpidist reads here or overrides in its
+subclasses (checked against the installed TensorFlow by tests/unit/test_keras_private_names.py).
 
 Required:
 - ``distribute_lib.UpdateContext``: the cross-replica update context (``extended.update``) that

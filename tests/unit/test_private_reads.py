@@ -122,8 +122,8 @@ def _method_of(node: ast.AST, name: str, parents: dict[ast.AST, ast.AST]) -> ast
 
 
 def _uses(tree: ast.Module) -> list[tuple[ast.AST, str, str, Any]]:
-    """Every private name used off self/cls/super(): (node, name, "load"/"store"/"super"/"accessor", where)
-    with ``where`` as ``_method_of`` says."""
+    """Every private name used off self/cls/super() or named to an accessor: (node, name,
+    "load"/"store"/"super"/"accessor"/"patch", where), ``where`` as ``_method_of`` says."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     uses: list[tuple[ast.AST, str, str, Any]] = []
     for node in ast.walk(tree):
@@ -143,7 +143,7 @@ def _uses(tree: ast.Module) -> list[tuple[ast.AST, str, str, Any]]:
                 how = "store" if called in ("setattr", "__setattr__") else "load"
                 uses.append((node, name, how, _method_of(node, who, parents)))
             elif called in ACCESSORS and isinstance(func, ast.Attribute):
-                uses.append((node, name, "accessor", None))
+                uses.append((node, name, "patch" if called == "patch" else "accessor", None))
     return uses
 
 
@@ -198,8 +198,8 @@ def base_violations(path: pathlib.Path) -> list[str]:
     found = []
     for node, name, how, where in _uses(tree):
         text = f"mpidist/{rel}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}"
-        if how == "accessor":
-            if name not in KERAS_NAMES:
+        if how in ("accessor", "patch"):
+            if name not in (TABLE_NAMES if how == "patch" else KERAS_NAMES):
                 found.append(f"{text} ({name} is not in patching.KERAS_PRIVATE)")
         elif where is False:
             if not name.startswith("_mpidist_"):
