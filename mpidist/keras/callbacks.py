@@ -51,7 +51,8 @@ def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
         def others() -> None:  # the same decision (logs are global), without writing or printing
             verbose, self.verbose = self.verbose, 0
             try:
-                self._should_save_model(epoch, batch, logs, self._get_file_path(epoch, batch, logs))
+                patching.call_private(self, "_should_save_model", epoch, batch, logs,
+                                      patching.call_private(self, "_get_file_path", epoch, batch, logs))
             finally:
                 self.verbose = verbose
 
@@ -68,20 +69,20 @@ def _backup_save(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self)
 
         def chief() -> None:
-            real = self._training_metadata_path
+            real = patching.get_private(self, "_training_metadata_path")
             if files.is_remote(real):
                 with files.atomic_saves():
                     return original(self)
             if self.double_checkpoint and os.path.exists(real):
-                shutil.copyfile(real, self._prev_training_metadata_path)
+                shutil.copyfile(real, patching.get_private(self, "_prev_training_metadata_path"))
             tmp = files.temporary_name(real)
-            self._training_metadata_path = tmp  # Keras writes the metadata here; renamed below
+            patching.set_private(self, "_training_metadata_path", tmp)  # Keras writes it here; renamed below
             try:
                 with files.atomic_saves():
                     original(self)
                 os.replace(tmp, real)
             finally:
-                self._training_metadata_path = real
+                patching.set_private(self, "_training_metadata_path", real)
                 if os.path.exists(tmp):
                     os.remove(tmp)
 
@@ -95,7 +96,7 @@ def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
         if strategy is None:
             return original(self, logs)
         try:  # every rank reads the chief's files
-            self._load_model()
+            patching.call_private(self, "_load_model")
             error = None
         except OSError as e:  # a damaged file: Keras falls back to the previous one (a write)
             error = e
@@ -104,7 +105,7 @@ def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
         # Keras's fallback (copy the previous checkpoint over the damaged one) on the chief only,
         # then every rank loads what it left
         _collective(strategy, lambda: original(self, logs), "BackupAndRestore.on_train_begin")
-        self._load_model()
+        patching.call_private(self, "_load_model")
         return None
     return on_train_begin
 
@@ -140,7 +141,7 @@ def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             private = getattr(self, "_mpidist_private_dir", None)
             if private is not None:
-                self._close_writers()
+                patching.call_private(self, "_close_writers")
                 shutil.rmtree(private, ignore_errors=True)
                 self.log_dir, self._mpidist_private_dir = self._mpidist_log_dir, None
     return on_train_end

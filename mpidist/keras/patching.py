@@ -27,6 +27,78 @@ def tf_keras_internal(name: str) -> Any:
     return importlib.import_module(TF_KERAS_INTERNALS[name])
 
 
+# The private attributes and methods of Keras classes (Keras 3: ``keras``; Keras 2: ``tf_keras``) that
+# mpidist reads, writes, calls or overrides, by the class that defines them. Other modules reach them
+# only through get_private / set_private / call_private below (a subclass may override one by
+# name); tests/unit/test_keras_private_names.py checks each exists in the installed Keras, and
+# tests/unit/test_private_reads.py that no other module reads a Keras private name directly.
+KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
+    "keras.src.callbacks.model_checkpoint.ModelCheckpoint": (
+        "_save_model",  # patched: the chief writes
+        "_should_save_model", "_get_file_path"),  # the other ranks' same decision, without writing
+    "keras.src.callbacks.backup_and_restore.BackupAndRestore": (
+        "_save_model",  # patched: the chief writes, atomically
+        "_load_model",  # every rank restores the chief's files
+        "_training_metadata_path", "_prev_training_metadata_path"),  # the metadata file, renamed in place
+    "keras.src.callbacks.tensorboard.TensorBoard": ("_close_writers",),  # before removing a private log_dir
+    "keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter": ("_shuffle",),  # fit(shuffle=)
+    "keras.src.layers.normalization.batch_normalization.BatchNormalization": (
+        "_moments",  # overridden by hvd.SyncBatchNormalization
+        "_reduction_axes"),
+    "keras.src.optimizers.base_optimizer.BaseOptimizer": ("_trainable_variables",),  # DistributedOptimizer
+    "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": ("_distribute_strategy",),  # a model's strategy
+    "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2": ("_compute_gradients",),  # overridden: allreduces
+}
+
+
+def _keras_version(cls: type) -> str:
+    package = cls.__module__.split(".")[0]
+    module = importlib.import_module(package) if package in ("keras", "tf_keras") else None
+    return f"{package} {getattr(module, '__version__', '?')}"
+
+
+def _listed(cls: type, name: str) -> bool:
+    return any(name in KERAS_PRIVATE.get(f"{c.__module__}.{c.__qualname__}", ()) for c in cls.__mro__)
+
+
+def _owner(obj: Any) -> type:
+    if isinstance(obj, super):  # super(): the class of the object it was called on
+        return obj.__self_class__  # type: ignore[attr-defined]  # typeshed lacks super's attributes
+    return type(obj)
+
+
+def _missing(obj: Any, name: str) -> AttributeError:
+    cls = _owner(obj)
+    if not _listed(cls, name):
+        return AttributeError(f"mpidist: {name} of {cls.__module__}.{cls.__qualname__} is not in "
+                              f"patching.KERAS_PRIVATE (list every Keras private name mpidist uses there)")
+    return AttributeError(f"mpidist: this Keras ({_keras_version(cls)}) has no {cls.__module__}.{cls.__qualname__}."
+                          f"{name}, a private Keras name mpidist relies on (tested with Keras 3.15 and tf_keras "
+                          f"2.16 to 2.21); install a tested Keras version")
+
+
+def get_private(obj: Any, name: str) -> Any:
+    """``obj.<name>``, a private Keras attribute listed in KERAS_PRIVATE (``obj`` may be ``super()``);
+    a clear AttributeError (class, name, Keras version) when this Keras has no such name."""
+    if not _listed(_owner(obj), name):
+        raise _missing(obj, name)
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise _missing(obj, name) from None
+
+
+def set_private(obj: Any, name: str, value: Any) -> None:
+    """``obj.<name> = value`` for a private Keras attribute listed in KERAS_PRIVATE that ``obj`` has."""
+    get_private(obj, name)
+    setattr(obj, name, value)
+
+
+def call_private(obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``obj.<name>(*args, **kwargs)``, a private Keras method listed in KERAS_PRIVATE."""
+    return get_private(obj, name)(*args, **kwargs)
+
+
 def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
     """Replace ``owner.name`` by ``make(original)`` (once: a second call does nothing)."""
     key = (id(owner), name)

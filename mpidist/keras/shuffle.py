@@ -98,7 +98,7 @@ def _agreed_random_shuffle(base_seed: int, real: Callable[..., Any]) -> Callable
 
 def _array_get_tf_dataset(original: Callable[..., Any]) -> Callable[..., Any]:
     def get_tf_dataset(self: Any) -> Any:
-        seed = next_seed() if self._shuffle else None
+        seed = next_seed() if patching.get_private(self, "_shuffle") else None
         if seed is None:
             return original(self)
         import tensorflow as tf

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..tensorflow import checkpoint
+from ..tensorflow import _tf_private, checkpoint
 from . import patching
+
 
 def strategy_of(ckpt: Any) -> Any:
     """The multi-rank mpidist strategy ``ckpt`` belongs to (see the module docstring), or None."""
@@ -53,7 +54,7 @@ def _manager_save(original: Callable[..., Any]) -> Callable[..., Any]:
                                     or "", "tf.train.CheckpointManager.save")
         if strategy.engine.rank != 0 and saved:
             self.checkpoint.save_counter.assign_add(1)
-            self._latest_checkpoint = saved  # what the chief's manager now reports
+            _tf_private.set_latest_checkpoint(self, saved)  # what the chief's manager now reports
         return saved or None
     return save
 

@@ -4,7 +4,9 @@ A genuine ``tf.distribute.Strategy`` needs a few of TensorFlow's internals (foun
 Keras 3.15; see docs/design.md). Each one is imported under a guard: when a TensorFlow
 release moves or drops one, importing mpidist.tensorflow fails with an error that names the
 symbol and the TensorFlow version, instead of an AttributeError deep inside a training step.
-Optional symbols (a faster path only) fall back silently.
+Optional symbols (a faster path only) fall back silently. ``TF_PRIVATE`` lists the private
+attributes and methods of TensorFlow classes that mpidist reads here or overrides in its
+subclasses (checked against the installed TensorFlow by tests/unit/test_keras_private_names.py).
 
 Required:
 - ``distribute_lib.UpdateContext``: the cross-replica update context (``extended.update``) that
@@ -100,6 +102,45 @@ for _cls, _method in REQUIRED_METHODS:
                           f"a private method mpidist needs (tested with {TESTED_WITH}); install a tested "
                           f"TensorFlow version")
 _could_possibly_record, _py_funcs, _py_func_op = [_optional(m, n) for m, n in OPTIONAL]
+
+# The private attributes and methods of TensorFlow classes that mpidist reads, calls or overrides,
+# by the class that defines them: read only here (container_strategy, the subclasses above); the
+# others are hooks mpidist's subclasses override by name (MPIExtended, MPIIteratorSpec,
+# MPIDistributedIterator), which TensorFlow would silently stop calling if it renamed them.
+# tests/unit/test_keras_private_names.py checks each exists in the installed TensorFlow.
+TF_PRIVATE: dict[str, tuple[str, ...]] = {
+    _TF + "distribute.distribute_lib.StrategyExtendedV1": (
+        "_container_strategy",
+        "_create_variable", "_validate_colocate_with_variable", "_call_for_each_replica", "_local_results",
+        "_num_replicas_in_sync", "_in_multi_worker_mode", "_reduce_to", "_batch_reduce_to",
+        "_replica_ctx_all_reduce", "_broadcast_to", "_gather_to_implementation", "_update", "_update_non_slot",
+        "_experimental_distribute_dataset", "_distribute_datasets_from_function",
+        "_experimental_distribute_values_from_function", "_make_dataset_iterator", "_make_input_fn_iterator",
+        "_experimental_make_numpy_dataset"),
+    _TF + "distribute.values.DistributedValues": ("_values",),
+    _TF + "distribute.values.DistributedVariable": ("_distribute_strategy", "_get_on_device_or_primary",
+                                                     "_update_replica"),
+    _TF + "framework.type_spec.TypeSpec": ("_serialize", "_deserialize", "_component_specs", "_to_components",
+                                           "_from_components", "_without_tensor_names"),
+    _TF + "framework.composite_tensor.CompositeTensor": ("_type_spec",),
+    _TF + "trackable.base.Trackable": ("_trackable_children",),
+    _TF + "data.ops.dataset_ops.DatasetV2": ("_as_serialized_graph",),
+    _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint",),
+}
+
+
+def container_strategy(extended: Any) -> Any:
+    """The ``tf.distribute.Strategy`` whose ``extended`` this is (``StrategyExtended._container_strategy``)."""
+    return extended._container_strategy()  # pylint: disable=protected-access
+
+
+def set_latest_checkpoint(manager: Any, path: str) -> None:
+    """Make ``tf.train.CheckpointManager.latest_checkpoint`` report ``path`` (``_latest_checkpoint``)."""
+    if not hasattr(manager, "_latest_checkpoint"):
+        raise AttributeError(f"mpidist: this TensorFlow ({tf.__version__}) has no "
+                             f"tf.train.CheckpointManager._latest_checkpoint, a private name mpidist relies on "
+                             f"(tested with {TESTED_WITH}); install a tested TensorFlow version")
+    manager._latest_checkpoint = path  # pylint: disable=protected-access
 
 
 def in_xla_context() -> bool:

@@ -107,7 +107,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def container_strategy(self) -> tf.distribute.Strategy:
         """The strategy this object is the ``extended`` of."""
-        return self._container_strategy()
+        return _tf_private.container_strategy(self)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _validate_colocate_with_variable(self, colocate_with_variable: Any) -> None:
         owner = _tf_private.owning_strategy(colocate_with_variable)
-        if owner is not None and owner is not self._container_strategy():
+        if owner is not None and owner is not self.container_strategy():
             raise ValueError(f"{type(self).__name__}.colocate_vars_with: `colocate_with_variable` must be a "
                              f"variable created in this strategy's scope, got {colocate_with_variable!r}")
 
@@ -175,7 +175,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     # -- replicas ---------------------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        with self.device_scope(), MPIReplicaContext(self._container_strategy(), self.rank):
+        with self.device_scope(), MPIReplicaContext(self.container_strategy(), self.rank):
             return fn(*args, **kwargs)
 
     def _local_results(self, value: Any) -> tuple:
@@ -264,7 +264,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _require_cross_replica(self, where: str) -> None:
         context = tf.distribute.get_replica_context()
-        if context is not None and context.strategy is self._container_strategy():
+        if context is not None and context.strategy is self.container_strategy():
             raise RuntimeError(f"{where}: must be called in cross-replica context (outside strategy.run, or "
                                f"inside merge_call), but it was called inside a replica function")
 
@@ -308,13 +308,13 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     # -- input ------------------------------------------------------------------------------------
 
     def _experimental_distribute_dataset(self, dataset: Any, options: Any) -> Any:
-        return input_lib.distribute_dataset(self._container_strategy(), dataset, options)
+        return input_lib.distribute_dataset(self.container_strategy(), dataset, options)
 
     def _distribute_datasets_from_function(self, dataset_fn: Any, options: Any) -> Any:
-        return input_lib.distribute_from_function(self._container_strategy(), dataset_fn, options)
+        return input_lib.distribute_from_function(self.container_strategy(), dataset_fn, options)
 
     def _experimental_distribute_values_from_function(self, value_fn: Any) -> Any:
-        return input_lib.distribute_values(self._container_strategy(), value_fn)
+        return input_lib.distribute_values(self.container_strategy(), value_fn)
 
     def _make_dataset_iterator(self, dataset: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.make_dataset_iterator: TensorFlow 1 input API; use "

@@ -31,7 +31,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
 
     @property
     def devices(self) -> tuple[str, ...]:
-        return tuple(self._strategy.extended.worker_devices)
+        return tuple(self.strategy.extended.worker_devices)
 
     @_no_autograph
     def all_reduce(self, reduce_op: Any, value: Any, options: Any = None, experimental_hints: Any = None) -> Any:
@@ -40,7 +40,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         where = "MPIReplicaContext.all_reduce"
         op = reductions.parse_op(reduce_op, where)
         options = reductions.hints_and_options(options, experimental_hints, where)
-        extended = self._strategy.extended
+        extended = self.strategy.extended
         call = extended.call_options(options, where)
         flat = tf.nest.flatten(value)
         if not flat:
@@ -69,7 +69,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
     def _all_reduce_sparse(self, op: ReduceOp, flat: list[Any], sparse: list[int],
                            call: collectives.CallOptions, where: str) -> list[Any]:
         """Dense leaves in one all-reduce, IndexedSlices in one all-gather of indices and values."""
-        engine = self._strategy.extended.engine
+        engine = self.strategy.extended.engine
         dense = [i for i in range(len(flat)) if i not in set(sparse)]
         out: list[Any] = list(flat)
         if dense:
@@ -91,7 +91,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
     def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         where = "MPIReplicaContext.all_gather"
         options = reductions.hints_and_options(options, experimental_hints, where)
-        extended = self._strategy.extended
+        extended = self.strategy.extended
         call = extended.call_options(options, where)
         flat = tf.nest.flatten(value)
         for v in flat:
@@ -121,10 +121,10 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
     def _all_gather_grad(self, xs: tuple, dys: tuple, axes: list[int], options: Any) -> list[tf.Tensor]:
         """This rank's slice (along each axis) of the all-summed gradients."""
         summed = self.all_reduce(ReduceOp.SUM, list(dys), options)
-        sizes = self.all_reduce(ReduceOp.SUM, [tf.one_hot(self._strategy.extended.rank, self.num_replicas_in_sync,
+        sizes = self.all_reduce(ReduceOp.SUM, [tf.one_hot(self.strategy.extended.rank, self.num_replicas_in_sync,
                                                           on_value=tf.shape(x, out_type=tf.int64)[a], off_value=0,
                                                           dtype=tf.int64) for x, a in zip(xs, axes)], options)
-        rank = self._strategy.extended.rank
+        rank = self.strategy.extended.rank
         grads = []
         for g, n, a in zip(summed, sizes, axes):
             begin = tf.reduce_sum(n[:rank])

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor
+from ...keras import flavor, patching
 from .tape import local_variable_ids, reduce_gradients
 
 
@@ -117,8 +117,7 @@ class _Keras2Mixin:
         """This rank's gradients of ``loss``, allreduced (Horovod's override of Keras 2's method)."""
         tape = tf.GradientTape() if tape is None else tape
         if self.hvd_legacy:  # OptimizerV2's own method
-            pairs = super()._compute_gradients(  # type: ignore[misc]  # the Keras class mixed in has it
-                loss, var_list, grad_loss, tape=tape)
+            pairs = patching.call_private(super(), "_compute_gradients", loss, var_list, grad_loss, tape=tape)
         else:
             pairs = super().compute_gradients(loss, var_list, tape=tape)  # type: ignore[misc]  # (as above)
         pairs = list(pairs)

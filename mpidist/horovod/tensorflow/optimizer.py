@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor
+from ...keras import flavor, patching
 from . import keras2_optimizer
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set
@@ -32,7 +32,6 @@ class _KerasMixin:
     hvd_local: set[int]
     # the Keras 3 optimizer's (the class this is mixed into), declared for the type checker:
     built: bool
-    _trainable_variables: list[Any]
     add_variable: Callable[..., Any]
     add_variable_from_reference: Callable[..., Any]
 
@@ -53,7 +52,7 @@ class _KerasMixin:
         local: list[int] = []
         if self.hvd_local:
             named = variables if variables is not None else \
-                list(self._trainable_variables)
+                list(patching.get_private(self, "_trainable_variables"))
             local = [i for i, v in enumerate(named) if id(v) in self.hvd_local]
         return reduce_gradients(grads, variables, local=local, **self.hvd_args)
 
@@ -100,8 +99,8 @@ class _KerasMixin:
             self.build(variables)
             self.built = True
         if variables is None:
-            variables = list(self._trainable_variables)
-        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+            variables = list(patching.get_private(self, "_trainable_variables"))
+        index = {id(v): i for i, v in enumerate(patching.get_private(self, "_trainable_variables"))}
         accs = [self._hvd_acc[index[id(v)]] for v in variables]
         for g, acc in zip(grads, accs):
             if g is not None:

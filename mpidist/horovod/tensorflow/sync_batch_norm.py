@@ -15,6 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from ...keras import patching
 from .allreduce import allreduce
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Sum
@@ -38,8 +39,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
         if self.process_set.size() == 1:
-            return super()._moments(inputs, mask)
-        axes = list(self._reduction_axes)
+            return patching.call_private(super(), "_moments", inputs, mask)
+        axes = list(patching.get_private(self, "_reduction_axes"))
         x = tf.convert_to_tensor(inputs)
         if mask is None:
             count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
