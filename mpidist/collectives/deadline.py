@@ -10,13 +10,22 @@ set, so ranks that differ there get a mismatch error rather than a hang. When th
 alive, since MPI may still write into them), the owning engine marks itself broken and
 ``DeadlineExceededError`` is raised.
 
-An abandoned request would make ``MPI_Finalize`` wait forever for the rank that never came, so at
-interpreter exit, if any abandoned request is still incomplete, mpidist logs why and calls
-``MPI_Abort`` on COMM_WORLD: the job ends with a non-zero status instead of hanging.
+What happens at exit. A rank whose abandoned request never completes (the rank it waited for
+never issued that step) still exits normally, with its program's status: MPI_Finalize does not
+wait for incomplete collective requests (measured with Open MPI 5: pending ``Iallreduce``,
+``Ibcast`` and ``Ibarrier``, small and large, 2 and 4 ranks, hierarchical too), and its fence lets
+a late rank that does arrive complete the request meanwhile. What is needed is that the memory MPI
+may still write into outlives the interpreter: at exit the requests and buffers of pending
+collectives are kept alive for good (one reference each is leaked on purpose), since Python's
+teardown would otherwise free them before mpi4py calls MPI_Finalize (which then crashed, measured).
+Nothing is aborted: an ``MPI_Abort`` would also kill ranks still working (a straggler finishing its
+results). A job whose program did not handle the DeadlineExceededError ends through
+``rc.abort_on_error`` (topology/abort.py), right after the deadline.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import time
 from typing import Any, Callable
@@ -101,14 +110,14 @@ def _wait(request: MPI.Request, deadline: float) -> bool:
 
 def abandon(request: MPI.Request, buffers: tuple, what: str) -> None:
     """Give up waiting for ``request`` (its ``buffers`` stay alive: MPI may still use them); if it is
-    still incomplete at interpreter exit, the job is aborted rather than left hanging in MPI_Finalize."""
+    still incomplete at interpreter exit, it and its buffers are kept alive through MPI_Finalize."""
     try:
         if request.Test():
             return
     except MPI.Exception:  # finished in error (a revoked communicator): nothing stays posted
         return
     if not _abandoned:
-        atexit.register(_abort_if_pending)
+        atexit.register(_keep_pending)
     _abandoned.append((request, buffers, what))
 
 
@@ -117,13 +126,15 @@ def pending() -> list[str]:
     return [what for request, _, what in _abandoned if not MPI.Is_finalized() and not request.Test()]
 
 
-def _abort_if_pending() -> None:
+def _keep_pending() -> None:
+    """At exit: keep what MPI may still write into alive until the process ends (see the module docstring)."""
     if MPI.Is_finalized():
         return
-    stuck = pending()
-    if stuck:
-        _log.error("mpidist: aborting the MPI job at exit: %s timed out and is still pending, so "
-                   "MPI_Finalize would wait forever for the ranks that never arrived", "; ".join(stuck))
-        for handler in logging.getLogger().handlers + _log.handlers:
-            handler.flush()
-        MPI.COMM_WORLD.Abort(1)
+    stuck = [(request, buffers, what) for request, buffers, what in _abandoned if not request.Test()]
+    if not stuck:
+        return
+    _log.info("mpidist: exiting with %d collective(s) that timed out still pending (%s); MPI_Finalize "
+              "does not wait for them", len(stuck), "; ".join(what for _, _, what in stuck))
+    for request, buffers, _ in stuck:
+        for obj in (request, *buffers):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))  # never freed: MPI may still write here
