@@ -6,6 +6,7 @@ Every check compares with NumPy over all ranks' inputs, which each rank computes
 from __future__ import annotations
 
 import os
+import re
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -169,6 +170,32 @@ def test_gather_uneven(strategy, eng, mode):
     np.testing.assert_array_equal(both["twice"].numpy(), 2 * everything)
     np.testing.assert_array_equal(along1.numpy(), np.concatenate(
         [data(r, (2, rows(r, eng.size), 3), 1) for r in range(eng.size)], axis=1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["dimension", "rank"])
+def test_gather_shape_mismatch_says_what_tensorflow_says(strategy, eng, mode, case):
+    """Shapes that differ beyond `axis`: an error on every rank with mpidist's rank-by-rank report
+    and TensorFlow's phrase (what TensorFlow's own strategy tests look for)."""
+    if eng.size == 1:
+        pytest.skip("needs ranks whose shapes differ")
+    if case == "dimension":  # [1, 1], [1, 2], ...: dimension 1 differs, gathered along 0
+        value, pattern = tf.ones((1, eng.rank + 1)), r"Dimension 1 in both shapes must be equal, but are 1 and 2"
+    else:  # [1], [1, 2], ...: ranks differ
+        value, pattern = tf.ones(list(range(1, eng.rank + 2))), r"Shape must be rank \d but is rank \d"
+
+    def gather_fn(x):
+        return strategy.gather(x, axis=0)
+
+    def all_gather_fn(x):
+        return strategy.run(lambda v: tf.distribute.get_replica_context().all_gather(v, axis=0), args=(x,))
+
+    for fn in (gather_fn, all_gather_fn):
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError)) as info:
+            call(mode, fn, value)
+        text = str(info.value)
+        assert "Shape mismatch" in text and re.search(pattern, text), text
+        assert "rank 0: allgather(leaves=" in text, text  # mpidist's report, rank by rank
 
 
 def test_all_reduce_is_one_engine_call_with_merged_options(eng):
