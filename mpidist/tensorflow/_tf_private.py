@@ -149,10 +149,17 @@ def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
 
 
 class _MirroredVariable(MirroredVariable):
-    """TensorFlow's MirroredVariable; a non-trainable integer ONLY_FIRST_REPLICA variable (a step
+    """TensorFlow's MirroredVariable; ``int(v)`` and ``float(v)`` read it, as for a plain variable
+    (Keras's own tests do ``int(layer.counter.value)``); a non-trainable integer ONLY_FIRST_REPLICA variable (a step
     counter: Keras's ``optimizer.iterations``) updated in a replica context is updated on each
     rank without a collective (every rank counts the same steps): TensorFlow would broadcast
     replica 0's value, one more collective in every Keras training step."""
+
+    def __int__(self) -> int:  # int(v) / float(v) as for a plain variable (TensorFlow's MirroredVariable
+        return int(self.read_value())  # raises TypeError); every rank holds the same value
+
+    def __float__(self) -> float:
+        return float(self.read_value())
 
     def _update_replica(self, update_fn: Any, value: Any, **kwargs: Any) -> Any:
         if (self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer

@@ -322,6 +322,29 @@ def test_cross_replica_assign_of_sync_on_read_needs_no_collective(eng):
     assert float(total.read_value()) == pytest.approx(6.0) and float(metric.result()) == 0.0
 
 
+def test_sync_on_read_variable_without_aggregation(strategy, eng):
+    """ON_READ with aggregation NONE is created, as TensorFlow creates it (Keras's
+    test_variable_synchronization): replica-context updates are this rank's, a cross-replica read
+    is TensorFlow's ValueError."""
+    keras = pytest.importorskip("keras")
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0], synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.NONE)
+        k = keras.Variable(np.ones((2, 2)), dtype="float32", synchronization="on_read")
+    assert v.synchronization == tf.VariableSynchronization.ON_READ and v.aggregation == tf.VariableAggregation.NONE
+    assert k.synchronization == "on_read" and k.value.synchronization == tf.VariableSynchronization.ON_READ
+    local = strategy.run(lambda: v.assign_add([float(eng.rank), 0.0]))
+    np.testing.assert_array_equal(strategy.experimental_local_results(local)[0].numpy(), [1.0 + eng.rank, 2.0])
+    with pytest.raises(ValueError, match="NONE"):
+        v.read_value()
+
+
+def test_int_and_float_of_a_mirrored_variable(strategy):
+    with strategy.scope():
+        counter = tf.Variable(3.0)
+    assert int(counter) == 3 and float(counter) == 3.0  # TensorFlow's MirroredVariable raises TypeError
+
+
 def test_xla_is_a_clear_error(strategy):
     step = tf.function(lambda x: strategy.run(
         lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(x,)), jit_compile=True)
