@@ -91,6 +91,7 @@ def position(engine: Any) -> int:
 
 def begin(engine: Any, kind: str) -> Save:
     """Start a save of ``kind`` on this rank (every rank that saves, the chief too)."""
+    engine.topology  # waits until asynchronous collectives queued have run: the position is settled
     board = _board(engine)
     where = position(engine)
     board.position = max(board.position, where)
