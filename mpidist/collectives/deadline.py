@@ -6,9 +6,9 @@ logical collective (``timeout_seconds``: see mpidist/validation.py for what None
 MPI never matches a blocking collective with a non-blocking one, so steps
 that must meet whatever the ranks' deadlines (the agreement exchange, barrier) always use the
 non-blocking variant (:meth:`Caller.nonblocking`); the agreement includes whether a deadline is
-set, so ranks that differ there get a mismatch error rather than a hang. When the deadline passes, the request is abandoned (its buffers are kept
-alive, since MPI may still write into them), the owning engine marks itself broken and
-``DeadlineExceededError`` is raised.
+set, so ranks that differ there get a mismatch error rather than a hang. When the deadline
+passes, the request is abandoned (its buffers are kept alive, since MPI may still write into
+them), the owning engine marks itself broken and ``DeadlineExceededError`` is raised.
 
 What happens at exit. A rank whose abandoned request never completes (the rank it waited for
 never issued that step) still exits normally, with its program's status: MPI_Finalize does not

@@ -37,6 +37,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from . import progress
+
 _log = logging.getLogger("mpidist")
 TAG = 0x6D70  # "mp"
 _WARN_AFTER = 60.0
@@ -72,7 +74,7 @@ class _Board:
         self.position = 0  # the last position a save began at (older notices are dropped)
 
 
-_boards: "weakref.WeakKeyDictionary[Any, _Board]" = weakref.WeakKeyDictionary()
+_boards: weakref.WeakKeyDictionary[Any, _Board] = weakref.WeakKeyDictionary()
 
 
 def _board(engine: Any) -> _Board:
@@ -91,7 +93,7 @@ def position(engine: Any) -> int:
 
 def begin(engine: Any, kind: str) -> Save:
     """Start a save of ``kind`` on this rank (every rank that saves, the chief too)."""
-    engine.topology  # waits until asynchronous collectives queued have run: the position is settled
+    progress.wait_idle(engine.pipeline)  # asynchronous collectives queued run first: the position is settled
     board = _board(engine)
     where = position(engine)
     board.position = max(board.position, where)

@@ -125,7 +125,7 @@ def is_checkpoint_initial_value(initial_value: Any) -> bool:
         isinstance(func, CheckpointInitialValueCallable)
 
 
-class _SyncOnReadVariable(SyncOnReadVariable):
+class _SyncOnReadVariable(SyncOnReadVariable):  # type: ignore[valid-type, misc]  # a class loaded by name (guarded)
     """TensorFlow's SyncOnReadVariable; a cross-replica ``assign`` reads its result back locally."""
 
     def assign(self, value: Any, use_locking: bool = False, name: Any = None, read_value: bool = True) -> Any:
@@ -148,7 +148,7 @@ def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
     return _SyncOnReadVariable(strategy, [variable], aggregation)
 
 
-class _MirroredVariable(MirroredVariable):
+class _MirroredVariable(MirroredVariable):  # type: ignore[valid-type, misc]  # a class loaded by name (guarded)
     """TensorFlow's MirroredVariable; ``int(v)`` and ``float(v)`` read it, as for a plain variable
     (Keras's own tests do ``int(layer.counter.value)``); an integer ONLY_FIRST_REPLICA variable (a
     step counter: Keras's ``optimizer.iterations``, Keras 2's ``model._train_counter``, which Keras 2

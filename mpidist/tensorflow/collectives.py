@@ -38,8 +38,8 @@ import numpy as np
 import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
-from ..errors import CollectiveMismatchError
 from ..collectives.options import CallOptions  # the engine's one per-call options type
+from ..errors import CollectiveMismatchError
 from . import _tf_private, deadline_op, gpu_bridge
 
 
