@@ -1,9 +1,9 @@
 """Checkpoints for NumPy state: one writer per path, the write is atomic, every rank restores
 the same state.
 
-``save(state, path, strategy)``: the writer writes the nest of arrays to a temporary file next to
-``path``, flushes it to disk, and renames it over ``path`` (``os.replace`` is atomic on POSIX file
-systems), so a save interrupted at any point leaves the previous checkpoint intact. Call it on every
+``save(state, path, strategy)``: the writer writes the nest of arrays with
+``mpidist.files.write_atomically`` (a temporary file next to ``path``, fsync'ed, renamed over it,
+the directory fsync'ed), so a save interrupted at any point leaves the previous checkpoint intact. Call it on every
 rank or on the chief alone (``if rank == 0``): the chief writes and never waits; another rank that
 saves the chief's path at the same point returns once the chief's file is complete (raising the
 chief's error if its write failed), and one that names a path of its own writes it
@@ -16,12 +16,12 @@ For ``tf.train.Checkpoint`` use ``mpidist.tensorflow.checkpoint``.
 """
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any
 
 import numpy as np
 
+from . import files
 from .collectives import Engine, nest, notices
 
 _STRUCTURE = "__structure__"
@@ -45,25 +45,18 @@ def _raise_everywhere(engine: Engine, error: Exception | None) -> None:
 
 def _write(state: Any, path: str) -> None:
     leaves, tree = nest.flatten(state)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        for stale in glob.glob(glob.escape(path) + ".tmp.*"):  # left by an interrupted save
-            os.remove(stale)
+    arrays: dict[str, Any] = {f"leaf_{i:06d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+    arrays[_STRUCTURE] = np.array(nest.structure_key(tree))
+
+    def dump(tmp: str) -> None:
         with open(tmp, "wb") as f:
-            np.savez(f, **{f"leaf_{i:06d}": np.asarray(leaf) for i, leaf in enumerate(leaves)},
-                     **{_STRUCTURE: np.array(nest.structure_key(tree))})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself reaches the disk
-        finally:
-            os.close(fd)
+            np.savez(f, **arrays)
+
+    try:
+        for stale in files.stale_temporaries(path):  # left by an interrupted save
+            os.remove(stale)
+        files.write_atomically(path, dump)
     except OSError as err:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         raise OSError(f"checkpoint.save: could not write {path!r}: {err}") from None
 
 

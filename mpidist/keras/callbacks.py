@@ -31,7 +31,6 @@ from typing import Any, Callable
 from ..tensorflow import checkpoint
 from . import files, patching
 
-
 # -- ModelCheckpoint ------------------------------------------------------------------------------
 
 def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,15 +66,15 @@ def _backup_save(original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(self)
             if self.double_checkpoint and os.path.exists(real):
                 files.write_atomically(self._prev_training_metadata_path, lambda tmp: shutil.copyfile(real, tmp))
-            tmp = files.temporary_name(real)
-            self._training_metadata_path = tmp  # Keras writes the metadata here; renamed below
-            try:
-                original(self)
-                os.replace(tmp, real)
-            finally:
-                self._training_metadata_path = real
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+
+            def to(tmp: str) -> None:
+                self._training_metadata_path = tmp  # Keras writes the metadata here; renamed after
+                try:
+                    original(self)
+                finally:
+                    self._training_metadata_path = real
+
+            files.write_atomically(real, to)
 
         checkpoint.save_once(strategy, "keras.callbacks.BackupAndRestore.save", self.backup_dir, write)
     return _save_model

@@ -5,14 +5,16 @@
 ``mpidist.tensorflow.checkpoint.save_once``: whichever ranks call them (every rank to one path, every
 rank to a path of its own as in TensorFlow's multi-worker tutorial, or the chief alone), each path is
 written once, by one rank, and a rank that saves the chief's path returns once the chief's file is
-complete. Every such write is atomic (a temporary name in the same directory, then renamed), so a
-reader never sees a half-written file and a write killed midway leaves the previous file intact.
+complete. Every such write is atomic (``mpidist.files.write_atomically``: a temporary name in the
+same directory, fsync'ed, then renamed), so a reader never sees a half-written file and a write
+killed midway leaves the previous file intact.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Callable
 
+from .. import files
 from ..tensorflow import checkpoint
 from . import patching
 
@@ -26,26 +28,17 @@ def is_remote(path: str) -> bool:
 
 def temporary_name(path: str) -> str:
     """A name beside ``path``, unique to this process, with the same format ending."""
-    path = os.fspath(path)
-    folder, base = os.path.split(path)
-    ending = next((e for e in _ENDINGS if base.endswith(e)), os.path.splitext(base)[1])
-    stem = base[: len(base) - len(ending)] if ending else base
-    return os.path.join(folder, f".{stem}.mpidist-tmp-{os.getpid()}{ending}")
+    base = os.path.basename(os.fspath(path))
+    return files.temporary_name(path, next((e for e in _ENDINGS if base.endswith(e)), os.path.splitext(base)[1]))
 
 
 def write_atomically(path: Any, write: Callable[[str], Any]) -> Any:
-    """``write(temporary)`` then rename it to ``path`` (remote paths: ``write(path)`` directly)."""
+    """``write(temporary)`` then ``mpidist.files.write_atomically`` puts it at ``path`` (fsync'ed,
+    renamed, the directory fsync'ed); remote paths: ``write(path)`` directly."""
     path = os.fspath(path)
     if is_remote(path):
         return write(path)
-    tmp = temporary_name(path)
-    try:
-        result = write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return result
+    return files.write_atomically(path, write, temporary=temporary_name(path))
 
 
 def _saving(kind: str) -> Callable[[Any], Callable[..., Any]]:
