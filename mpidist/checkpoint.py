@@ -1,9 +1,13 @@
-"""Checkpoints for NumPy state: only the chief writes, the write is atomic, every rank restores
+"""Checkpoints for NumPy state: one writer per path, the write is atomic, every rank restores
 the same state.
 
-``save(state, path, strategy)`` (collective): rank 0 writes the nest of arrays to a temporary file
-next to ``path``, flushes it to disk, and renames it over ``path`` (``os.replace`` is atomic on
-POSIX file systems), so a save interrupted at any point leaves the previous checkpoint intact.
+``save(state, path, strategy)``: the writer writes the nest of arrays with
+``mpidist.files.write_atomically`` (a temporary file next to ``path``, fsync'ed, renamed over it,
+the directory fsync'ed), so a save interrupted at any point leaves the previous checkpoint intact. Call it on every
+rank or on the chief alone (``if rank == 0``): the chief writes and never waits; another rank that
+saves the chief's path at the same point returns once the chief's file is complete (raising the
+chief's error if its write failed), and one that names a path of its own writes it
+(``collectives/notices.py``).
 ``restore(path, like, strategy)`` (collective): rank 0 reads the file and broadcasts it; every rank
 gets identical arrays with the structure, shapes and dtypes of ``like``. Errors (a missing file, a
 full disk, a mismatch with ``like``) are raised on every rank, never on the chief alone.
@@ -12,13 +16,13 @@ For ``tf.train.Checkpoint`` use ``mpidist.tensorflow.checkpoint``.
 """
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any
 
 import numpy as np
 
-from .collectives import Engine, nest
+from . import files
+from .collectives import Engine, nest, notices
 
 _STRUCTURE = "__structure__"
 
@@ -39,33 +43,44 @@ def _raise_everywhere(engine: Engine, error: Exception | None) -> None:
         raise error
 
 
+def _write(state: Any, path: str) -> None:
+    leaves, tree = nest.flatten(state)
+    arrays: dict[str, Any] = {f"leaf_{i:06d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+    arrays[_STRUCTURE] = np.array(nest.structure_key(tree))
+
+    def dump(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    try:
+        for stale in files.stale_temporaries(path):  # left by an interrupted save
+            os.remove(stale)
+        files.write_atomically(path, dump)
+    except OSError as err:
+        raise OSError(f"checkpoint.save: could not write {path!r}: {err}") from None
+
+
 def save(state: Any, path: str, strategy: Any) -> None:
-    """Write ``state`` (a nest of arrays and numbers) to ``path`` from the chief, atomically."""
+    """Write ``state`` (a nest of arrays and numbers) to ``path`` atomically, once (see the module docstring)."""
     engine = _engine(strategy)
-    error: Exception | None = None
+    key = os.path.abspath(path)
+    if engine.size == 1:
+        return _write(state, path)
+    saving = notices.begin(engine, "mpidist.checkpoint.save")
     if engine.rank == 0:
-        leaves, tree = nest.flatten(state)
-        directory = os.path.dirname(os.path.abspath(path))
-        tmp = f"{path}.tmp.{os.getpid()}"
         try:
-            for stale in glob.glob(glob.escape(path) + ".tmp.*"):  # left by an interrupted save
-                os.remove(stale)
-            with open(tmp, "wb") as f:
-                np.savez(f, **{f"leaf_{i:06d}": np.asarray(leaf) for i, leaf in enumerate(leaves)},
-                         **{_STRUCTURE: np.array(nest.structure_key(tree))})
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # the rename itself reaches the disk
-            finally:
-                os.close(fd)
-        except OSError as err:
-            error = OSError(f"checkpoint.save: could not write {path!r}: {err}")
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    _raise_everywhere(engine, error)
+            _write(state, path)
+        except OSError as error:
+            notices.publish(engine, saving, key, error=error)
+            raise
+        notices.publish(engine, saving, key)
+        return None
+    notice = notices.follow(engine, saving, key)
+    if notice is None or notice.path != key:
+        return _write(state, path)
+    if notice.error is not None:
+        raise OSError(f"checkpoint.save: rank 0 (the chief) failed to write {path!r}: {notice.error}")
+    return None
 
 
 def restore(path: str, like: Any, strategy: Any) -> Any:

@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any
 
+from . import files
+
 
 def read_trace(path: str) -> list[dict[str, Any]]:
     """The events of one trace file in JSON array format, complete or cut short."""
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"mpidist timeline merge: {exc}", file=sys.stderr)
         return 1
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(merged, f)
+
+    def dump(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(merged, f)
+
+    files.write_atomically(args.out, dump)
     print(f"wrote {args.out}: {len(merged['traceEvents'])} events from {len(paths)} file(s)")
     return 0

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 from mpi4py import MPI
 
+from .. import files
 from .state import State
 
 _log = logging.getLogger("mpidist")
@@ -54,13 +55,17 @@ class Preemption:
                          "next commit", signum, self.state.commits, self.path)
 
     def write(self, snapshot: Any, tag: str = "") -> None:
-        """Write ``snapshot`` to ``path``: a temporary file renamed into place (never half a file)."""
-        self._writing = True
-        try:
-            tmp = f"{self.path}.tmp{tag}{os.getpid()}"
+        """Write ``snapshot`` to ``path`` with ``mpidist.files.write_atomically`` (never half a file,
+        even after a crash). ``tag`` names the temporary file of a write from a signal handler, which
+        may interrupt a write of the same process."""
+
+        def dump(tmp: str) -> None:
             with open(tmp, "wb") as f:
                 pickle.dump({"format": FORMAT, "snapshot": snapshot}, f)
-            os.replace(tmp, self.path)
+
+        self._writing = True
+        try:
+            files.write_atomically(self.path, dump, temporary=files.temporary_name(self.path) + tag)
         finally:
             self._writing = False
 

@@ -7,10 +7,12 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 
 - ``predict``: ``model.predict`` returns every rank's rows, in input order, on every rank;
 - ``callbacks``: ModelCheckpoint, BackupAndRestore, TensorBoard, CSVLogger write once (the
-  chief), atomically, and every rank can read the result when the callback returns;
-- ``files``: the atomic ``model.save`` / ``save_weights`` those callbacks use;
+  chief), atomically, whether they run on every rank or on the chief alone;
+- ``files``: ``model.save`` / ``save_weights`` (Keras's saving functions): each path written once,
+  atomically, whichever ranks save;
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
-- ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write`` on every rank: the chief writes.
+- ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write``, ``CheckpointManager.save``, whichever
+  ranks save (every rank to one path or to paths of their own, or the chief alone).
 
 ``patching.installed()`` lists the patches in place. Keras 2 (tf_keras: ``tf.keras`` under
 ``TF_USE_LEGACY_KERAS=1``, or tf_keras imported by the program) gets ``predict`` and ``shuffle``;

@@ -1,24 +1,25 @@
 """Keras callbacks that write files, under an mpidist strategy of several ranks.
 
-Every rank runs the same callbacks at the same points of ``fit``, so each rank would write the
-same files (HDF5 then fails with "unable to lock file"; directory creation races). With these
-patches, which apply only when the model was built under a multi-rank mpidist strategy:
+The same callbacks usually run on every rank at the same points of ``fit`` (each rank would write
+the same files: HDF5 then fails with "unable to lock file", directory creation races); Horovod
+programs add them on rank 0 only. With these patches, which apply only when the model was built
+under a multi-rank mpidist strategy, both work (``mpidist.tensorflow.checkpoint.save_once``):
 
 - ``ModelCheckpoint`` (every mode: ``save_best_only``, ``save_weights_only``, ``.keras`` /
   ``.weights.h5``, ``save_freq`` "epoch" or an int): the chief decides and writes, atomically
-  (temporary name, then rename); the other ranks only update the callback's state (``best``).
+  (temporary name, then rename), and tells the others; a rank whose callback saves the same path
+  only updates the callback's state (``best``) and returns once the chief's file is complete.
 - ``BackupAndRestore``: the chief writes the weights and the training metadata, atomically, and
   deletes the directory at the end; every rank restores from the chief's files when training
-  starts (they read the same files, so every rank resumes at the same epoch with the same weights).
+  starts, after the chief has (repaired a damaged backup from the previous one, and) loaded it, so
+  every rank resumes at the same epoch with the same weights.
 - ``TensorBoard``: the chief writes the event files to ``log_dir``; the other ranks write theirs
   to a private temporary directory, removed when training ends (as TensorFlow's Keras did).
 - ``CSVLogger``: the chief writes the file; the other ranks write to ``os.devnull``.
 
-Every write is followed by one small collective (``checkpoint.on_chief``): when the callback
-returns, the chief's file is complete on every rank, and an error on any rank (the chief's write
-failing, say) is raised on every rank instead of leaving the others waiting. Logs are global
-(metrics are aggregated over ranks), so ``save_best_only`` and ``EarlyStopping`` decide the same
-on every rank.
+A callback on the chief alone writes without waiting for anyone. Where every rank runs it, an error
+of the chief's write is raised on every rank. Logs are global (metrics are aggregated over ranks),
+so ``save_best_only`` and ``EarlyStopping`` decide the same on every rank.
 """
 from __future__ import annotations
 
@@ -30,33 +31,24 @@ from typing import Any, Callable
 from ..tensorflow import checkpoint
 from . import files, patching
 
-
-def _collective(strategy: Any, on_chief: Callable[[], Any], where: str,
-                on_others: Callable[[], Any] | None = None, aggregate: bool = False) -> None:
-    checkpoint.on_chief(strategy, on_chief, where, on_others=on_others, aggregate=aggregate)
-
-
 # -- ModelCheckpoint ------------------------------------------------------------------------------
 
 def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def _save_model(self: Any, epoch: Any, batch: Any, logs: Any) -> Any:
         strategy = patching.model_strategy(self.model)
-        if strategy is None:
+        if strategy is None or checkpoint.inside_save():
             return original(self, epoch, batch, logs)
 
-        def chief() -> None:
-            with files.atomic_saves():
-                original(self, epoch, batch, logs)
-
-        def others() -> None:  # the same decision (logs are global), without writing or printing
+        def same_decision(notice: Any) -> None:  # the chief wrote it; logs are global: decide the same
             verbose, self.verbose = self.verbose, 0
             try:
-                patching.call_private(self, "_should_save_model", epoch, batch, logs,
-                                      patching.call_private(self, "_get_file_path", epoch, batch, logs))
+                patching.call_private(self, "_should_save_model", epoch, batch, logs, path)
             finally:
                 self.verbose = verbose
 
-        _collective(strategy, chief, "ModelCheckpoint", others)  # Keras saves no metric (sync-on-read) state
+        path = patching.call_private(self, "_get_file_path", epoch, batch, logs)
+        checkpoint.save_once(strategy, "keras.callbacks.ModelCheckpoint", path,
+                             lambda: original(self, epoch, batch, logs), on_followed=same_decision)
     return _save_model
 
 
@@ -65,47 +57,40 @@ def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
 def _backup_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def _save_model(self: Any) -> Any:
         strategy = patching.model_strategy(self.model)
-        if strategy is None:
+        if strategy is None or checkpoint.inside_save():
             return original(self)
 
-        def chief() -> None:
+        def write() -> None:
             real = patching.get_private(self, "_training_metadata_path")
             if files.is_remote(real):
-                with files.atomic_saves():
-                    return original(self)
+                return original(self)
             if self.double_checkpoint and os.path.exists(real):
-                shutil.copyfile(real, patching.get_private(self, "_prev_training_metadata_path"))
-            tmp = files.temporary_name(real)
-            patching.set_private(self, "_training_metadata_path", tmp)  # Keras writes it here; renamed below
-            try:
-                with files.atomic_saves():
-                    original(self)
-                os.replace(tmp, real)
-            finally:
-                patching.set_private(self, "_training_metadata_path", real)
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+                previous = patching.get_private(self, "_prev_training_metadata_path")
+                files.write_atomically(previous, lambda tmp: shutil.copyfile(real, tmp))
 
-        _collective(strategy, chief, "BackupAndRestore")
+            def to(tmp: str) -> None:
+                patching.set_private(self, "_training_metadata_path", tmp)  # Keras writes it here; renamed after
+                try:
+                    original(self)
+                finally:
+                    patching.set_private(self, "_training_metadata_path", real)
+
+            files.write_atomically(real, to)
+
+        checkpoint.save_once(strategy, "keras.callbacks.BackupAndRestore.save", self.backup_dir, write)
     return _save_model
 
 
 def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_begin(self: Any, logs: Any = None) -> Any:
         strategy = patching.model_strategy(self.model)
-        if strategy is None:
+        if strategy is None or checkpoint.inside_save():
             return original(self, logs)
-        try:  # every rank reads the chief's files
-            patching.call_private(self, "_load_model")
-            error = None
-        except OSError as e:  # a damaged file: Keras falls back to the previous one (a write)
-            error = e
-        if not checkpoint.any_rank(strategy, error is not None):
-            return None
-        # Keras's fallback (copy the previous checkpoint over the damaged one) on the chief only,
-        # then every rank loads what it left
-        _collective(strategy, lambda: original(self, logs), "BackupAndRestore.on_train_begin")
-        patching.call_private(self, "_load_model")
+        # the chief loads (and repairs a damaged backup from the previous one, Keras's fallback);
+        # a rank using the same directory then loads what the chief left
+        checkpoint.save_once(strategy, "keras.callbacks.BackupAndRestore.begin", self.backup_dir,
+                             lambda: original(self, logs),
+                             on_followed=lambda notice: patching.call_private(self, "_load_model"))
         return None
     return on_train_begin
 
@@ -113,9 +98,10 @@ def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
 def _backup_end(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_end(self: Any, logs: Any = None) -> Any:
         strategy = patching.model_strategy(self.model)
-        if strategy is None:
+        if strategy is None or checkpoint.inside_save():
             return original(self, logs)
-        _collective(strategy, lambda: original(self, logs), "BackupAndRestore.on_train_end")
+        checkpoint.save_once(strategy, "keras.callbacks.BackupAndRestore.end", self.backup_dir,
+                             lambda: original(self, logs))
         return None
     return on_train_end
 

@@ -1,20 +1,23 @@
-"""Atomic writes of Keras models: to a temporary name in the same directory, then renamed.
+"""Keras's saving functions under an mpidist strategy of several ranks, and atomic writes.
 
-``model.save(path)`` and ``model.save_weights(path)`` are patched to write atomically while
-``atomic_saves()`` is active (the chief's writes inside mpidist's callback patches): a reader never
-sees a half-written file, and a write killed midway leaves the previous file intact. Outside that
-block they are Keras's own.
+``model.save`` / ``keras.saving.save_model`` and ``model.save_weights`` /
+``keras.saving.save_weights`` of a model built under such a strategy go through
+``mpidist.tensorflow.checkpoint.save_once``: whichever ranks call them (every rank to one path, every
+rank to a path of its own as in TensorFlow's multi-worker tutorial, or the chief alone), each path is
+written once, by one rank, and a rank that saves the chief's path returns once the chief's file is
+complete. Every such write is atomic (``mpidist.files.write_atomically``: a temporary name in the
+same directory, fsync'ed, then renamed), so a reader never sees a half-written file and a write
+killed midway leaves the previous file intact.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+from .. import files
+from ..tensorflow import checkpoint
 from . import patching
 
-_ATOMIC = contextvars.ContextVar("mpidist_keras_atomic_saves", default=False)
 # Keras picks the format from the file name's ending: keep it on the temporary name.
 _ENDINGS = (".weights.h5", ".weights.json", ".keras", ".h5", ".hdf5", ".json")
 
@@ -25,46 +28,43 @@ def is_remote(path: str) -> bool:
 
 def temporary_name(path: str) -> str:
     """A name beside ``path``, unique to this process, with the same format ending."""
-    path = os.fspath(path)
-    folder, base = os.path.split(path)
-    ending = next((e for e in _ENDINGS if base.endswith(e)), os.path.splitext(base)[1])
-    stem = base[: len(base) - len(ending)] if ending else base
-    return os.path.join(folder, f".{stem}.mpidist-tmp-{os.getpid()}{ending}")
+    base = os.path.basename(os.fspath(path))
+    return files.temporary_name(path, next((e for e in _ENDINGS if base.endswith(e)), os.path.splitext(base)[1]))
 
 
 def write_atomically(path: Any, write: Callable[[str], Any]) -> Any:
-    """``write(temporary)`` then rename it to ``path`` (remote paths: ``write(path)`` directly)."""
+    """``write(temporary)`` then ``mpidist.files.write_atomically`` puts it at ``path`` (fsync'ed,
+    renamed, the directory fsync'ed); remote paths: ``write(path)`` directly."""
     path = os.fspath(path)
     if is_remote(path):
         return write(path)
-    tmp = temporary_name(path)
-    try:
-        result = write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return result
+    return files.write_atomically(path, write, temporary=temporary_name(path))
 
 
-@contextlib.contextmanager
-def atomic_saves() -> Iterator[None]:
-    token = _ATOMIC.set(True)
-    try:
-        yield
-    finally:
-        _ATOMIC.reset(token)
+def _saving(kind: str) -> Callable[[Any], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            strategy = patching.model_strategy(model)
+            if strategy is None or not isinstance(filepath, (str, os.PathLike)):
+                return original(model, filepath, *args, **kwargs)
 
+            def write() -> Any:
+                return write_atomically(filepath, lambda tmp: original(model, tmp, *args, **kwargs))
 
-def _atomic(original: Callable[..., Any]) -> Callable[..., Any]:
-    def method(self: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _ATOMIC.get() or not isinstance(filepath, (str, os.PathLike)):
-            return original(self, filepath, *args, **kwargs)
-        return write_atomically(filepath, lambda tmp: original(self, tmp, *args, **kwargs))
-    return method
+            if checkpoint.inside_save():  # a callback's save: the callback decided who writes
+                return write()
+            return checkpoint.save_once(strategy, kind, filepath, write)[0]
+        return save
+    return make
 
 
 def install() -> None:
-    from keras.src.models.model import Model
-    patching.patch(Model, "save", _atomic)
-    patching.patch(Model, "save_weights", _atomic)
+    import keras
+    from keras.src.saving import saving_api
+    save_model, save_weights = _saving("keras.saving.save_model"), _saving("keras.saving.save_weights")
+    patching.patch(saving_api, "save_model", save_model)  # what Model.save calls
+    patching.patch(saving_api, "save_weights", save_weights)  # what Model.save_weights calls
+    for namespace, name, make in ((keras.saving, "save_model", save_model), (keras.models, "save_model", save_model),
+                                  (keras.saving, "save_weights", save_weights)):
+        if getattr(namespace, name, None) is patching.original(saving_api, name):
+            patching.patch(namespace, name, make)

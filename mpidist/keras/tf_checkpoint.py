@@ -1,17 +1,16 @@
-"""``tf.train.Checkpoint.save`` / ``write`` called by every rank under an mpidist strategy.
+"""``tf.train.Checkpoint.save`` / ``write`` and ``tf.train.CheckpointManager.save`` under an mpidist
+strategy of several ranks: whichever ranks call them (every rank, to one path or paths of its own,
+or the chief alone), one complete copy where each rank expects it, never a hang.
 
-``tf.train.CheckpointManager.save`` likewise: the chief writes and deletes old checkpoints.
-
-Every rank saving to one shared directory races (TensorFlow's own strategies race too: a rank
-finds another's ``ckpt-1_temp`` gone). Patched, when the checkpoint belongs to a multi-rank mpidist
-strategy, they become ``mpidist.tensorflow.checkpoint.save`` / ``write``: the chief writes, the
-other ranks do not touch the path (they only advance ``save_counter``), every rank returns the
-same path once the files are complete, and an error is raised on every rank. So the call is
-collective: make it on every rank, as TensorFlow's multi-worker guide says.
+Patched, they become ``mpidist.tensorflow.checkpoint.save`` / ``write`` / ``save_manager`` (see that
+module and mpidist/collectives/notices.py): the chief writes and tells the others; a rank that
+saves the chief's path returns once the chief's files are complete (its ``save_counter`` and its
+manager's list of checkpoints become the chief's); a rank that names a path of its own writes it.
+Every rank saving one shared directory with TensorFlow's own code races (a rank finds another's
+``ckpt-1_temp`` gone); here it does not.
 
 A checkpoint belongs to a strategy when it is saved inside that strategy's scope, or when one of
-the objects it was given (a Keras model or optimizer) was built in that strategy's scope. Ranks
-that each pass a path of their own (one allreduce tells) write it themselves, as without a strategy.
+the objects it was given (a Keras model or optimizer) was built in that strategy's scope.
 """
 from __future__ import annotations
 
@@ -33,12 +32,12 @@ def strategy_of(ckpt: Any) -> Any:
     return None
 
 
-def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
+def _routed(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def method(self: Any, file_prefix: Any, options: Any = None, **kwargs: Any) -> Any:
-            # the chief's own call inside the collective save is TensorFlow's
-            strategy = None if (checkpoint.chief_writing() or kwargs) else strategy_of(self)
-            if strategy is None or not checkpoint.same_on_every_rank(strategy, file_prefix):
+            # inside a save (the helper's own call, or a callback's) it is TensorFlow's
+            strategy = None if (checkpoint.inside_save() or kwargs) else strategy_of(self)
+            if strategy is None:
                 return original(self, file_prefix, options=options, **kwargs)
             return helper(self, file_prefix, strategy=strategy, options=options)
         return method
@@ -47,20 +46,25 @@ def _collective(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any
 
 def _manager_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def save(self: Any, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None) -> Any:
-        strategy = None if checkpoint.chief_writing() else strategy_of(self.checkpoint)
+        strategy = None if checkpoint.inside_save() else strategy_of(self.checkpoint)
         if strategy is None:
             return original(self, checkpoint_number, check_interval, options)
-        saved = checkpoint.on_chief(strategy, lambda: original(self, checkpoint_number, check_interval, options)
-                                    or "", "tf.train.CheckpointManager.save")
-        if strategy.engine.rank != 0 and saved:
-            self.checkpoint.save_counter.assign_add(1)
-            _tf_private.set_latest_checkpoint(self, saved)  # what the chief's manager now reports
-        return saved or None
+        def followed(notice: Any) -> None:  # the chief wrote this directory: take its state from disk
+            import tensorflow as tf
+            state = tf.train.get_checkpoint_state(self.directory)
+            if state is None:
+                return
+            paths = list(state.all_model_checkpoint_paths)
+            stamps = list(state.all_model_checkpoint_timestamps) or [0.0] * len(paths)
+            _tf_private.set_manager_state(self, notice.result or state.model_checkpoint_path, dict(zip(paths, stamps)))
+
+        return checkpoint.save_manager(self, checkpoint_number, strategy=strategy, check_interval=check_interval,
+                                       options=options, on_followed=followed)
     return save
 
 
 def install() -> None:
     import tensorflow as tf
-    patching.patch(tf.train.Checkpoint, "save", _collective(checkpoint.save))
-    patching.patch(tf.train.Checkpoint, "write", _collective(checkpoint.write))
+    patching.patch(tf.train.Checkpoint, "save", _routed(checkpoint.save))
+    patching.patch(tf.train.Checkpoint, "write", _routed(checkpoint.write))
     patching.patch(tf.train.CheckpointManager, "save", _manager_save)

@@ -125,7 +125,7 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
     _TF + "framework.composite_tensor.CompositeTensor": ("_type_spec",),
     _TF + "trackable.base.Trackable": ("_trackable_children",),
     _TF + "data.ops.dataset_ops.DatasetV2": ("_as_serialized_graph",),
-    _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint",),
+    _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint", "_maybe_delete"),
 }
 
 
@@ -141,6 +141,19 @@ def set_latest_checkpoint(manager: Any, path: str) -> None:
                              f"tf.train.CheckpointManager._latest_checkpoint, a private name mpidist relies on "
                              f"(tested with {TESTED_WITH}); install a tested TensorFlow version")
     manager._latest_checkpoint = path  # pylint: disable=protected-access
+
+
+def set_manager_state(manager: Any, latest: str, kept: dict[str, float]) -> None:
+    """Make ``tf.train.CheckpointManager`` report ``latest`` and keep ``kept`` (path -> timestamp,
+    oldest first) as the checkpoints it manages (``_latest_checkpoint``, ``_maybe_delete``): what a
+    manager that saved them itself would hold."""
+    import collections
+    if not hasattr(manager, "_maybe_delete"):
+        raise AttributeError(f"mpidist: this TensorFlow ({tf.__version__}) has no "
+                             f"tf.train.CheckpointManager._maybe_delete, a private name mpidist relies on "
+                             f"(tested with {TESTED_WITH}); install a tested TensorFlow version")
+    manager._maybe_delete = collections.OrderedDict(kept)  # pylint: disable=protected-access
+    set_latest_checkpoint(manager, latest)
 
 
 def in_xla_context() -> bool:
@@ -166,7 +179,7 @@ def is_checkpoint_initial_value(initial_value: Any) -> bool:
         isinstance(func, CheckpointInitialValueCallable)
 
 
-class _SyncOnReadVariable(SyncOnReadVariable):
+class _SyncOnReadVariable(SyncOnReadVariable):  # type: ignore[valid-type, misc]  # a class loaded by name (guarded)
     """TensorFlow's SyncOnReadVariable; a cross-replica ``assign`` reads its result back locally."""
 
     def assign(self, value: Any, use_locking: bool = False, name: Any = None, read_value: bool = True) -> Any:
@@ -189,12 +202,19 @@ def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
     return _SyncOnReadVariable(strategy, [variable], aggregation)
 
 
-class _MirroredVariable(MirroredVariable):
-    """TensorFlow's MirroredVariable; an integer ONLY_FIRST_REPLICA variable (a step counter:
-    Keras's ``optimizer.iterations``, Keras 2's ``model._train_counter``, which Keras 2 leaves
-    trainable; integers have no gradient either way) updated in a replica context is updated on
-    each rank without a collective (every rank counts the same steps): TensorFlow would broadcast
+class _MirroredVariable(MirroredVariable):  # type: ignore[valid-type, misc]  # a class loaded by name (guarded)
+    """TensorFlow's MirroredVariable; ``int(v)`` and ``float(v)`` read it, as for a plain variable
+    (Keras's own tests do ``int(layer.counter.value)``); an integer ONLY_FIRST_REPLICA variable (a
+    step counter: Keras's ``optimizer.iterations``, Keras 2's ``model._train_counter``, which Keras 2
+    leaves trainable; integers have no gradient either way) updated in a replica context is updated
+    on each rank without a collective (every rank counts the same steps): TensorFlow would broadcast
     replica 0's value, one more collective in every Keras training step."""
+
+    def __int__(self) -> int:  # int(v) / float(v) as for a plain variable (TensorFlow's MirroredVariable
+        return int(self.read_value())  # raises TypeError); every rank holds the same value
+
+    def __float__(self) -> float:
+        return float(self.read_value())
 
     def _update_replica(self, update_fn: Any, value: Any, **kwargs: Any) -> Any:
         if self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer:

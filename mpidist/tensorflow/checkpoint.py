@@ -1,48 +1,50 @@
-"""Checkpoints under an mpidist strategy: written by the chief, restored by every rank.
+"""Checkpoints and saved models under an mpidist strategy: every pattern programs use, no hang.
 
-``tf.train.Checkpoint.save`` does not look at ``should_checkpoint``, and every rank writing the
-same path races. ``save`` here is collective (every rank calls it, in the same place):
+A save is not a collective the chief waits in, because programs save in three ways (see
+mpidist/collectives/notices.py): every rank to one path, every rank to paths of its own (TensorFlow's
+multi-worker tutorials), or the chief alone (``if strategy.extended.should_checkpoint``, Horovod's
+``if hvd.rank() == 0``). What a save writes needs nothing from the other ranks: mirrored variables
+are equal everywhere, so each rank's own values are the global ones. ``save_once`` runs one save:
 
-1. the checkpoint's ``save_counter`` exists on every rank (creating it alone on the chief would
-   leave the ranks' counters, and checkpoint numbers, different);
-2. sync-on-read variables (Keras metrics) are aggregated over ranks, in one engine call per
-   aggregation kind, so the chief saves the global values without a collective of its own
-   (TensorFlow reads them through ``strategy.reduce`` while saving);
-3. rank 0 writes; the other ranks only advance their ``save_counter``;
-4. rank 0 sends the written path (or its error) to every rank: when ``save`` returns, the files
-   are complete, and every rank returns the same path (or raises the same error).
+1. sync-on-read variables (SUM / MEAN) in what is saved are the exception: their saved value is
+   the aggregate over ranks, one collective (``aggregate_sync_on_read``). Such a save must be made
+   on every rank (each may name its own path); on the chief alone it is an error on every rank
+   within seconds, naming this rule: the others' next collective disagrees with it (the agreement
+   check reports the label, on every rank), or, when they make none, the aggregation's deadline
+   (``SYNC_ON_READ_TIMEOUT``) ends it;
+2. the chief writes, then publishes what it wrote (or its error) to the other ranks, never waiting;
+3. another rank that saves follows the chief's save at the same point: the same path (every rank
+   saving one checkpoint) is not written again, and the call returns once the chief's files are
+   complete, with the chief's result (or raising the chief's error); a path of its own is written
+   by that rank itself.
 
-``on_chief`` is the general form (any write on the chief, the outcome shared in one allgather:
-an error on any rank is raised on every rank). ``mpidist.keras`` routes ``tf.train.Checkpoint.save``
-/ ``write``, ``CheckpointManager.save`` and Keras's writing callbacks through it, so user code that
-calls them on every rank needs no change.
-
-``restore`` is TensorFlow's ``checkpoint.restore`` on every rank (all ranks read the same files,
-so variables come back identical everywhere; sync-on-read SUM variables get 1/size of the saved
-total each, so their global value is the saved one).
+``restore`` is TensorFlow's ``checkpoint.restore`` (every rank reads the files; variables come back
+equal everywhere). ``mpidist.keras`` routes ``tf.train.Checkpoint.save`` / ``write``,
+``CheckpointManager.save``, Keras's saving functions and writing callbacks through ``save_once``,
+so programs need no change.
 """
 from __future__ import annotations
 
 import contextvars
-import gc
-import hashlib
 import os
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
-from ..cross_device.reduce_op import ReduceOp
-from . import reductions
+from ..collectives import notices
+from ..errors import CollectiveMismatchError, DeadlineExceededError
+from . import _tf_private
 from .strategy import MPIStrategy
 
+SYNC_ON_READ_TIMEOUT = 60.0  # seconds the aggregation of sync-on-read variables in a save may wait
+_LABEL = "save of sync-on-read variables: every rank must make it"  # shows in mismatch reports
+_SAVING = contextvars.ContextVar("mpidist_saving", default=False)
 
-_WRITING = contextvars.ContextVar("mpidist_chief_writing", default=False)
 
-
-def chief_writing() -> bool:
-    """Whether this code runs inside ``on_chief``'s write on the chief (where no collective may start)."""
-    return _WRITING.get()
+def inside_save() -> bool:
+    """Whether this code runs inside ``save_once`` (nested saves are plain writes of this rank)."""
+    return _SAVING.get()
 
 
 def _strategy(strategy: Any, where: str) -> MPIStrategy:
@@ -54,139 +56,132 @@ def _strategy(strategy: Any, where: str) -> MPIStrategy:
     return strategy
 
 
-def _aggregate_sync_on_read(strategy: MPIStrategy, where: str) -> dict[int, tf.Tensor]:
-    ext = strategy.extended
-    gc.collect()  # metrics of dropped models: gone on every rank, not only where the collector ran
-    groups: dict[ReduceOp, list[Any]] = {}
-    for v in ext.live_sync_on_read_variables():
-        if v.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN):
-            groups.setdefault(ReduceOp.from_variable_aggregation(v.aggregation), []).append(v)
-    ops = (ReduceOp.SUM, ReduceOp.MEAN)  # the same order on every rank
-    counts = ext.engine.allgather(np.array([[len(groups.get(op, [])) for op in ops]], dtype=np.int64))
-    if any((row != counts[0]).any() for row in counts):
-        raise ValueError(f"{where}: ranks hold different sync-on-read variables (metrics): (SUM, MEAN) counts "
-                         f"{', '.join(f'rank {r}: {tuple(int(c) for c in row)}' for r, row in enumerate(counts))}; "
-                         f"every rank must create the same metrics in the same order")
-    found: dict[int, tf.Tensor] = {}
-    for op in ops:
-        group = groups.get(op, [])
-        if group:
-            reduced = reductions.reduce_tensors(ext.engine, op, [v.values[0] for v in group], None,
-                                                ext.default_call_options, where)
-            found.update({id(v): r for v, r in zip(group, reduced)})
+def key_of(path: Any) -> str:
+    """The path as ranks compare it (absolute, unless remote)."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
+
+
+def sync_on_read_in(strategy: MPIStrategy, trackable: Any) -> list[Any]:
+    """The SUM / MEAN sync-on-read variables of ``strategy`` that saving ``trackable`` writes."""
+    if trackable is None:
+        return []
+    found, seen = [], set()
+    for obj in tf.train.TrackableView(trackable).descendants():
+        if (_tf_private.is_sync_on_read(obj) and id(obj) not in seen and _tf_private.owning_strategy(obj) is strategy
+                and obj.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN)):
+            seen.add(id(obj))
+            found.append(obj)
     return found
 
 
-def _record(payload: bytes) -> np.ndarray:
-    return np.frombuffer(len(payload).to_bytes(4, "big") + payload, dtype=np.uint8).copy()
+def aggregate_sync_on_read(strategy: MPIStrategy, variables: list[Any], where: str) -> dict[int, tf.Tensor]:
+    """Collective: the aggregate of each variable (one allreduce per aggregation kind), by id."""
+    found: dict[int, tf.Tensor] = {}
+    for aggregation, op in ((tf.VariableAggregation.SUM, "sum"), (tf.VariableAggregation.MEAN, "mean")):
+        group = [v for v in variables if v.aggregation == aggregation]
+        if not group:
+            continue
+        local = [np.asarray(v.values[0].numpy()) for v in group]
+        try:
+            reduced = strategy.engine.allreduce({_LABEL: local}, op, timeout_seconds=SYNC_ON_READ_TIMEOUT)[_LABEL]
+        except (CollectiveMismatchError, DeadlineExceededError) as error:
+            names = ", ".join(v.name for v in variables[:4]) + (" ..." if len(variables) > 4 else "")
+            raise ValueError(
+                f"{where}: what is saved holds sync-on-read variables ({names}), whose saved value is their "
+                f"aggregate over every rank: call this save on every rank (each may name its own path), not on "
+                f"the chief alone ({type(error).__name__}: {str(error).splitlines()[0]})") from error
+        found.update({id(v): tf.constant(r, dtype=v.dtype) for v, r in zip(group, reduced)})
+    return found
 
 
-def share_outcome(strategy: MPIStrategy, text: str | None, error: BaseException | None, where: str) -> str:
-    """Collective: every rank's outcome in one allgather; rank 0's ``text`` returned on every rank.
+def save_once(strategy: MPIStrategy, kind: str, path: Any, write: Callable[[], Any], *, trackable: Any = None,
+              extra: Callable[[], dict] | None = None,
+              on_followed: Callable[[notices.Notice], None] | None = None) -> tuple[Any, notices.Notice | None]:
+    """One save of ``kind`` to ``path`` by this rank (see the module docstring).
 
-    Each rank sends its own error (or none); rank 0 also sends ``text`` (a written path). If any
-    rank failed, every rank raises: its own exception where it had one, else a RuntimeError
-    naming the ranks that failed and why. So no rank is left waiting for a write that failed.
+    ``write()`` writes and returns the result; ``extra()`` (on the chief) adds facts to its notice;
+    ``on_followed(notice)`` runs on a rank that did not write because the chief wrote ``path``.
+    Returns ``(result, None)`` when this rank wrote, ``(None, notice)`` when it followed the chief.
     """
-    if error is not None:
-        payload = b"E" + f"{type(error).__name__}: {error}".encode()
-    else:
-        payload = b"P" + ((text or "").encode() if strategy.extended.rank == 0 else b"")
-    gathered = bytes(strategy.engine.allgather(_record(payload), options=strategy.extended.default_call_options))
-    records, offset = [], 0
-    while offset < len(gathered):
-        size = int.from_bytes(gathered[offset:offset + 4], "big")
-        records.append(gathered[offset + 4:offset + 4 + size])
-        offset += 4 + size
-    failed = [(rank, r[1:].decode()) for rank, r in enumerate(records) if r[:1] == b"E"]
-    if failed:
-        if error is not None:
-            raise error
-        raise RuntimeError(f"{where}: " + "; ".join(f"rank {rank} failed: {message}" for rank, message in failed))
-    return records[0][1:].decode()
-
-
-def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: str, *,
-             on_others: Callable[[], Any] | None = None, aggregate: bool = True) -> str:
-    """Collective: ``write_on_chief()`` on rank 0, ``on_others()`` elsewhere, then ``share_outcome``.
-
-    With ``aggregate``, sync-on-read variables (Keras metrics) are aggregated first on every rank,
-    so the chief reads their global values while writing without a collective of its own. Returns
-    ``str(write_on_chief())`` on every rank ("" for None); raises on every rank if any rank failed.
-    """
-    ext = strategy.extended
-    result, error = None, None
+    engine, ext = strategy.engine, strategy.extended
+    key = key_of(path)
+    save = notices.begin(engine, kind)
+    token = _SAVING.set(True)
     try:
-        if aggregate:
-            ext.saved_reads = _aggregate_sync_on_read(strategy, where)
-        if ext.rank == 0:
-            token = _WRITING.set(True)
+        ext.saved_reads = aggregate_sync_on_read(strategy, sync_on_read_in(strategy, trackable), kind)
+        if engine.rank == 0:
             try:
-                result = write_on_chief()
-            finally:
-                _WRITING.reset(token)
-        elif on_others is not None:
-            on_others()
-    except Exception as e:  # noqa: BLE001 -- every rank must reach share_outcome, whatever failed
-        error = e
+                result = write()
+            except Exception as error:
+                notices.publish(engine, save, key, error=error)
+                raise
+            notices.publish(engine, save, key, "" if result is None else str(result),
+                            extra=extra() if extra is not None else None)
+            return result, None
+        notice = notices.follow(engine, save, key)
+        if notice is None or notice.path != key:
+            return write(), None
+        if notice.error is not None:
+            raise RuntimeError(f"{kind}: rank 0 (the chief) failed to write {key}, which every rank saves: "
+                               f"rank 0 failed: {notice.error}")
+        if on_followed is not None:
+            on_followed(notice)
+        return None, notice
     finally:
         ext.saved_reads = {}
-    return share_outcome(strategy, None if result is None else str(result), error, where)
-
-
-def any_rank(strategy: MPIStrategy, flag: bool) -> bool:
-    """Collective: whether ``flag`` is true on any rank (one tiny allreduce)."""
-    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", options=strategy.extended.default_call_options)
-    return bool(found[0])
-
-
-def same_on_every_rank(strategy: MPIStrategy, path: Any) -> bool:
-    """Collective: whether every rank passed the same ``path`` (one allreduce of its hash's bounds).
-
-    Ranks that each name a path of their own write it themselves (nothing is shared, nothing
-    races); one path named by every rank is written by the chief alone.
-    """
-    digest = np.frombuffer(hashlib.sha256(os.fspath(path).encode()).digest()[:8], dtype=np.int64)
-    low_high = np.concatenate([digest, -digest])
-    found = strategy.engine.allreduce(low_high, "min", options=strategy.extended.default_call_options)
-    return bool(found[0] == -found[1])
+        _SAVING.reset(token)
 
 
 def save(checkpoint: tf.train.Checkpoint, file_prefix: str, *, strategy: Any = None, options: Any = None) -> str:
-    """Collective ``checkpoint.save(file_prefix)``: rank 0 writes; returns the path on every rank."""
+    """``checkpoint.save(file_prefix)`` by this rank under ``strategy``; returns the path written
+    (the chief's, when every rank saves one prefix: then every rank's ``save_counter`` is the chief's)."""
     where = "mpidist.tensorflow.checkpoint.save"
     strategy = _strategy(strategy, where)
     if not hasattr(checkpoint, "save_counter"):
         raise TypeError(f"{where}: `checkpoint` must be a tf.train.Checkpoint, got {type(checkpoint).__name__}")
-    counter = checkpoint.save_counter  # created on every rank
-    return on_chief(strategy, lambda: checkpoint.save(file_prefix, options=options), where,
-                    on_others=lambda: counter.assign_add(1))
+    counter = checkpoint.save_counter
+    result, notice = save_once(
+        strategy, "tf.train.Checkpoint.save", file_prefix, lambda: checkpoint.save(file_prefix, options=options),
+        trackable=checkpoint, extra=lambda: {"save_counter": int(counter.numpy())},
+        on_followed=lambda n: counter.assign(n.extra["save_counter"]))
+    return notice.result if notice is not None else result
 
 
 def write(checkpoint: tf.train.Checkpoint, file_path: str, *, strategy: Any = None, options: Any = None) -> str:
-    """Collective ``checkpoint.write(file_path)`` (no save counter): rank 0 writes."""
-    where = "mpidist.tensorflow.checkpoint.write"
-    strategy = _strategy(strategy, where)
-    return on_chief(strategy, lambda: checkpoint.write(file_path, options=options), where)
+    """``checkpoint.write(file_path)`` (no save counter) by this rank under ``strategy``."""
+    strategy = _strategy(strategy, "mpidist.tensorflow.checkpoint.write")
+    result, notice = save_once(strategy, "tf.train.Checkpoint.write", file_path,
+                               lambda: checkpoint.write(file_path, options=options), trackable=checkpoint)
+    return notice.result if notice is not None else result
 
 
-def save_manager(manager: tf.train.CheckpointManager, checkpoint_number: Any = None, *,
-                 strategy: Any = None) -> str:
-    """Collective ``manager.save(checkpoint_number)``; rank 0 writes and sweeps old checkpoints.
-
-    Returns the path on every rank ("" when the manager's ``checkpoint_interval`` skipped it).
-    """
+def save_manager(manager: tf.train.CheckpointManager, checkpoint_number: Any = None, *, strategy: Any = None,
+                 check_interval: bool = True, options: Any = None,
+                 on_followed: Callable[[notices.Notice], None] | None = None) -> str | None:
+    """``manager.save(checkpoint_number)`` by this rank under ``strategy``: the path, or None when the
+    manager's ``checkpoint_interval`` skipped it. A rank that follows the chief into the chief's
+    directory takes the chief's save counter; ``on_followed`` brings its manager's state up to date."""
     where = "mpidist.tensorflow.checkpoint.save_manager"
     strategy = _strategy(strategy, where)
     if not isinstance(manager, tf.train.CheckpointManager):
         raise TypeError(f"{where}: `manager` must be a tf.train.CheckpointManager, got {type(manager).__name__}")
     counter = manager.checkpoint.save_counter
-    saved = on_chief(strategy, lambda: manager.save(checkpoint_number) or "", where)
-    if strategy.extended.rank != 0 and saved:
-        counter.assign_add(1)
-    return saved
+
+    def followed(notice: notices.Notice) -> None:
+        counter.assign(notice.extra["save_counter"])
+        if on_followed is not None:
+            on_followed(notice)
+
+    result, notice = save_once(
+        strategy, "tf.train.CheckpointManager.save", manager.directory,
+        lambda: manager.save(checkpoint_number, check_interval=check_interval, options=options),
+        trackable=manager.checkpoint, extra=lambda: {"save_counter": int(counter.numpy())}, on_followed=followed)
+    if notice is not None:
+        return notice.result or None
+    return result
 
 
 def restore(checkpoint: tf.train.Checkpoint, save_path: str, *, options: Any = None) -> Any:
-    """``checkpoint.restore(save_path)`` on every rank (every rank reads the chief's files)."""
+    """``checkpoint.restore(save_path)`` on this rank (every rank reads the same files)."""
     return checkpoint.restore(save_path, options=options)

@@ -31,6 +31,7 @@ path (NCCL / MPI), DLPack back, inside a ``tf.py_function`` in graphs: no host c
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
 from ..collectives.options import CallOptions  # the engine's one per-call options type
+from ..errors import CollectiveMismatchError
 from . import _tf_private, deadline_op, gpu_bridge
 
 
@@ -168,7 +170,10 @@ def allgather(engine: Any, tensors: Sequence[Any], axis: int = 0, options: CallO
     """
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         moved = [np.moveaxis(a, axis, 0) if axis else a for a in arrays]
-        result = engine.allgather(_one_or_list(moved), options=options)
+        try:
+            result = engine.allgather(_one_or_list(moved), options=options)
+        except CollectiveMismatchError as error:  # add TensorFlow's words for shapes that differ
+            raise CollectiveMismatchError(_with_shape_phrase(str(error), arrays, axis)) from error
         result = [result] if len(arrays) == 1 else list(result)
         if axis:
             result = [_contiguous(np.moveaxis(r, 0, axis)) for r in result]  # CuPy arrays dispatch too
@@ -182,6 +187,34 @@ def allgather(engine: Any, tensors: Sequence[Any], axis: int = 0, options: CallO
         return tf.TensorShape(dims)
 
     return _call("mpidist_allgather", run, tensors, shape, where, options)
+
+
+_GROUP = re.compile(r"^\s+ranks? [^:]+: allgather\(leaves=\[(.*?)\], ", re.M)
+_LEAF = re.compile(r"\w+\(([^)]*)\)")
+
+
+def _with_shape_phrase(message: str, arrays: Sequence[np.ndarray], axis: int) -> str:
+    """``message`` (the agreement's rank-by-rank report of a gather whose ranks disagree) with
+    TensorFlow's phrase for the first leaf whose shapes differ beyond ``axis``: "Shape mismatch",
+    and "Dimension d in both shapes must be equal" or, for ranks that differ, "Shape must be rank
+    a but is rank b" / "Ranks of all input tensors should match" (what TensorFlow's strategies say)."""
+    groups = [[tuple(d.strip() for d in leaf.split(",") if d.strip()) for leaf in _LEAF.findall(found)]
+              for found in _GROUP.findall(message)]
+    for i in range(len(arrays)):
+        shapes = sorted({g[i] for g in groups if len(g) > i})
+        if len(shapes) < 2:
+            continue
+        ranks = sorted({len(s) for s in shapes})
+        if len(ranks) > 1:
+            return (f"{message}\nShape mismatch in leaf {i}: Ranks of all input tensors should match: Shape must "
+                    f"be rank {ranks[0]} but is rank {ranks[-1]}")
+        rest = [k for k in range(ranks[0]) if k != axis]  # the dimensions after axis, moved to 0
+        for j in range(1, ranks[0]):
+            sizes = sorted({s[j] for s in shapes})
+            if len(sizes) > 1:
+                return (f"{message}\nShape mismatch in leaf {i}: Dimension {rest[j - 1]} in both shapes must be "
+                        f"equal, but are {sizes[0]} and {sizes[1]} (all_gather along axis {axis})")
+    return message
 
 
 def any_rank(engine: Any, flag: Any, options: CallOptions = DEFAULT, where: str = "any_rank",

@@ -11,7 +11,9 @@
   SyncOnReadVariable with this rank's variable as the only component: updates in a replica
   context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
   ONLY_FIRST_REPLICA), so epoch metrics are global. Their initial value is not broadcast
-  (metrics start at zero everywhere).
+  (metrics start at zero everywhere). With aggregation NONE they are created as TensorFlow creates
+  them: updates in a replica context work, a read in cross-replica context raises TensorFlow's
+  ValueError (NONE names no way to combine the replicas' values).
 - Everything else becomes TensorFlow's MirroredVariable with this rank's variable as the only
   component (what TensorFlow's MultiWorkerMirroredStrategy makes with one device per worker):
   ``isinstance(v, tf.distribute.DistributedValues)``, ``v.values``, ``synchronization`` ON_WRITE
@@ -64,10 +66,6 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
     synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
     aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
     if synchronization == tf.VariableSynchronization.ON_READ:
-        if aggregation == tf.VariableAggregation.NONE:
-            raise ValueError(f"{type(extended).__name__}._create_variable: a variable with "
-                             f"synchronization=ON_READ needs an `aggregation` (SUM, MEAN or "
-                             f"ONLY_FIRST_REPLICA), got {aggregation!r}")
         kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
         with extended.device_scope():
             variable = next_creator(**kwargs)

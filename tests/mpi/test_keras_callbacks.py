@@ -182,3 +182,87 @@ def test_interrupted_write_keeps_the_previous_file(strategy, comm, shared_dir, m
     with open(path, "rb") as f:
         assert f.read() == before
     no_temporary_files(shared_dir)
+
+
+# -- Keras's own BackupAndRestore cases (keras/src/callbacks/backup_and_restore_test.py), on every rank
+
+class Interrupting(keras.callbacks.Callback):
+    def __init__(self, steps=None, epochs=None):
+        super().__init__()
+        self.steps, self.epochs, self.batch_count, self.epoch_count = steps, epochs, 0, 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_count += 1
+        if self.epochs is not None and self.epoch_count == self.epochs:
+            raise RuntimeError("EpochInterruption")
+
+    def on_batch_end(self, batch, logs=None):
+        self.batch_count += 1
+        if self.steps is not None and self.batch_count == self.steps:
+            raise RuntimeError("StepsInterruption")
+
+
+class Canary(keras.layers.Layer):
+    """Counts the calls of the model (a non-trainable weight, saved with the backup)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counter = self.add_weight(shape=(), initializer="zeros", dtype="float32", trainable=False)
+
+    def call(self, x):
+        self.counter.assign_add(1)
+        return x
+
+
+def canary_model():
+    model = keras.Sequential([keras.Input((3,)), Canary(), keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer="sgd", metrics=["mse"])
+    return model
+
+
+def canary_data():
+    rng = np.random.default_rng(5)  # the same on every rank; 10 rows as in Keras: batches 4, 4, 2
+    return rng.random((10, 3)).astype(np.float32), rng.random((10, 1)).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["step", "epoch", "corrupted"])
+def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
+    """Interrupted on every rank (after 2 batches, or 2 epochs), resumed from the backup: the
+    callback's counters and the model's state are Keras's single-process ones, on every rank."""
+    backup = os.path.join(shared_dir, "subdir")
+    x, y = canary_data()
+    with strategy.scope():
+        model = canary_model()
+    if case == "step":
+        cbk = keras.callbacks.BackupAndRestore(backup, save_freq=1)
+        interrupt, epochs, done = Interrupting(steps=2), 2, (0, 2)
+    else:
+        cbk = keras.callbacks.BackupAndRestore(backup, save_freq="epoch", double_checkpoint=case == "corrupted")
+        interrupt, epochs, done = Interrupting(epochs=2), 6, (2, 6)
+    with pytest.raises(RuntimeError, match="Interruption"):
+        model.fit(x, y, batch_size=4, callbacks=[cbk, interrupt], epochs=epochs, verbose=0)
+    assert os.path.exists(backup)
+    assert (cbk._current_epoch, int(model.layers[0].counter.value)) == done
+    if case == "step":
+        assert cbk._last_batch_seen == 1
+    if case == "corrupted":
+        assert os.path.exists(cbk._prev_weights_path) and os.path.exists(cbk._prev_training_metadata_path)
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            with open(cbk._weights_path, "w") as f:
+                f.write("0")
+        comm.Barrier()
+    history = model.fit(x, y, batch_size=4, callbacks=[cbk], epochs=5, verbose=0)
+    assert cbk._current_epoch == 5 and history.epoch[-1] == 4
+    assert same_everywhere(comm, int(model.layers[0].counter.value)) == (17 if case == "step" else 15)
+    assert not os.path.exists(backup)
+
+
+def test_keras_backup_deleted_after_training(strategy, comm, shared_dir):
+    backup = os.path.join(shared_dir, "subdir")
+    x, y = canary_data()
+    with strategy.scope():
+        model = canary_model()
+    model.fit(x, y, batch_size=4, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq="epoch")],
+              epochs=2, verbose=0)
+    assert same_everywhere(comm, os.path.exists(backup)) is False

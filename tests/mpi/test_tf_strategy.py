@@ -6,6 +6,7 @@ Every check compares with NumPy over all ranks' inputs, which each rank computes
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -154,6 +155,32 @@ def test_gather_uneven(strategy, eng, mode):
         [data(r, (2, rows(r, eng.size), 3), 1) for r in range(eng.size)], axis=1))
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["dimension", "rank"])
+def test_gather_shape_mismatch_says_what_tensorflow_says(strategy, eng, mode, case):
+    """Shapes that differ beyond `axis`: an error on every rank with mpidist's rank-by-rank report
+    and TensorFlow's phrase (what TensorFlow's own strategy tests look for)."""
+    if eng.size == 1:
+        pytest.skip("needs ranks whose shapes differ")
+    if case == "dimension":  # [1, 1], [1, 2], ...: dimension 1 differs, gathered along 0
+        value, pattern = tf.ones((1, eng.rank + 1)), r"Dimension 1 in both shapes must be equal, but are 1 and 2"
+    else:  # [1], [1, 2], ...: ranks differ
+        value, pattern = tf.ones(list(range(1, eng.rank + 2))), r"Shape must be rank \d but is rank \d"
+
+    def gather_fn(x):
+        return strategy.gather(x, axis=0)
+
+    def all_gather_fn(x):
+        return strategy.run(lambda v: tf.distribute.get_replica_context().all_gather(v, axis=0), args=(x,))
+
+    for fn in (gather_fn, all_gather_fn):
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError)) as info:
+            call(mode, fn, value)
+        text = str(info.value)
+        assert "Shape mismatch" in text and re.search(pattern, text), text
+        assert "rank 0: allgather(leaves=" in text, text  # mpidist's report, rank by rank
+
+
 def test_all_reduce_is_one_engine_call_with_merged_options(eng):
     spy = SpyEngine(eng)
     strategy = make_strategy("MultiWorkerMirroredStrategy", spy, CommunicationOptions(timeout_seconds=60))
@@ -276,6 +303,29 @@ def test_cross_replica_assign_of_sync_on_read_needs_no_collective(eng):
     assert spy.calls == []
     assert float(total._values[0]) == pytest.approx(6.0 / eng.size)  # each rank's share of the global value
     assert float(total.read_value()) == pytest.approx(6.0) and float(metric.result()) == 0.0
+
+
+def test_sync_on_read_variable_without_aggregation(strategy, eng):
+    """ON_READ with aggregation NONE is created, as TensorFlow creates it (Keras's
+    test_variable_synchronization): replica-context updates are this rank's, a cross-replica read
+    is TensorFlow's ValueError."""
+    keras = pytest.importorskip("keras")
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0], synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.NONE)
+        k = keras.Variable(np.ones((2, 2)), dtype="float32", synchronization="on_read")
+    assert v.synchronization == tf.VariableSynchronization.ON_READ and v.aggregation == tf.VariableAggregation.NONE
+    assert k.synchronization == "on_read" and k.value.synchronization == tf.VariableSynchronization.ON_READ
+    local = strategy.run(lambda: v.assign_add([float(eng.rank), 0.0]))
+    np.testing.assert_array_equal(strategy.experimental_local_results(local)[0].numpy(), [1.0 + eng.rank, 2.0])
+    with pytest.raises(ValueError, match="NONE"):
+        v.read_value()
+
+
+def test_int_and_float_of_a_mirrored_variable(strategy):
+    with strategy.scope():
+        counter = tf.Variable(3.0)
+    assert int(counter) == 3 and float(counter) == 3.0  # TensorFlow's MirroredVariable raises TypeError
 
 
 def test_xla_is_a_clear_error(strategy):

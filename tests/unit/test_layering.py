@@ -18,7 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpidist"
 TOP = 9
 LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exists under mpidist/
-    "_version": 0, "errors": 0, "_config": 0, "validation": 0,
+    "_version": 0, "errors": 0, "_config": 0, "validation": 0, "files": 0,
     "topology": 1, "collectives": 2, "cluster_resolver": 2, "cross_device": 3, "values": 4, "input": 5,
     "strategies": 6,
     # the TensorFlow integration: mpidist.tensorflow's strategy classes install the Keras patches,

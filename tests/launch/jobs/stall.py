@@ -1,15 +1,20 @@
-"""The last rank never reaches the collective; the others use timeout_seconds.
+"""The last rank is a straggler; the others use timeout_seconds.
 
-Usage: stall.py TIMEOUT [tf]  -- with "tf", catch it as tf.errors.DeadlineExceededError.
+Usage: stall.py TIMEOUT MODE [tf]
+  MODE late:      the straggler arrives TIMEOUT + 2 s late (it then times out in the step the others
+                  never issue); every rank catches DeadlineExceededError and finishes normally
+  MODE never:     the straggler never reaches the collective, works TIMEOUT + 2 s, finishes normally
+  MODE unhandled: the waiting ranks do not catch the error; the straggler sleeps 300 s
+With "tf", the error is caught as tf.errors.DeadlineExceededError.
 """
 import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 timeout = float(sys.argv[1])
-use_tf = "tf" in sys.argv[2:]
+mode = sys.argv[2]
+use_tf = "tf" in sys.argv[3:]
 if use_tf:
     import tensorflow as tf
     Expected = tf.errors.DeadlineExceededError
@@ -20,14 +25,15 @@ if not use_tf:
     Expected = DeadlineExceededError
 engine = mpidist.Engine()
 engine.allreduce(np.ones(4))  # everyone is here once
-stalled = engine.rank == engine.size - 1
-# the ranks that wait: they meet here before exiting, so the first to reach its exit hook (which
-# aborts the job) cannot kill another before that one has printed what the test reads
-waiters = MPI.COMM_WORLD.Split(MPI.UNDEFINED if stalled else 0, engine.rank)
-if stalled:
-    time.sleep(300)  # stalled: never arrives
+straggler = engine.rank == engine.size - 1
+if straggler:
+    time.sleep(300 if mode == "unhandled" else timeout + 2)
+if straggler and mode != "late":
+    print(f"rank {engine.rank}: finished (straggler)", flush=True)
     sys.exit(0)
 start = time.monotonic()
+if mode == "unhandled":
+    engine.allreduce(np.ones(4), timeout_seconds=timeout)
 try:
     engine.allreduce(np.ones(4), timeout_seconds=timeout)
 except Expected as err:
@@ -37,5 +43,6 @@ try:
     engine.allreduce(np.ones(4), timeout_seconds=timeout)
 except CommunicatorBrokenError as err:
     print(f"rank {engine.rank}: BROKEN {err}", flush=True)
-print(f"rank {engine.rank}: exiting normally", flush=True)
-waiters.Barrier()
+if engine.rank == 0:
+    time.sleep(2)  # the chief still works (writes its results) after the others have ended
+print(f"rank {engine.rank}: finished", flush=True)

@@ -1,6 +1,7 @@
 """The last rank never arrives; rank 0 blocks in a strategy-level collective with a deadline.
 
 Usage: strategy_deadline.py reduce|gather|broadcast_to|dataset  (MPIDIST_TIMEOUT_SECONDS sets the deadline)
+The straggler works 3 s longer and ends normally; the others catch the error: the job exits 0.
 """
 import sys
 import time
@@ -15,7 +16,8 @@ strategy = mpidist.MultiWorkerMirroredStrategy()
 rank = strategy.extended.rank
 strategy.reduce("SUM", np.ones(1), axis=None)  # everyone is here once
 if rank == strategy.num_replicas_in_sync - 1:
-    time.sleep(300)
+    time.sleep(3)
+    print(f"rank {rank}: finished (straggler)", flush=True)
     sys.exit(0)
 start = time.monotonic()
 try:
@@ -30,3 +32,4 @@ try:
             pass
 except DeadlineExceededError as err:
     print(f"rank {rank}: DEADLINE {kind} after {time.monotonic() - start:.2f} s: {err}", flush=True)
+print(f"rank {rank}: finished", flush=True)

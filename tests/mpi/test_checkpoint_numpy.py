@@ -1,0 +1,70 @@
+"""mpidist.checkpoint (NumPy state) saved the ways programs save: every rank to one path, every rank
+to a path of its own, or the chief alone; one writer per path, restores equal everywhere, errors
+of the chief's write raised on every rank that saves its path, never a hang."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import mpidist
+from mpidist import checkpoint
+from reference import same_everywhere
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    with mpidist.rc.override(framework="numpy"):
+        return mpidist.MultiWorkerMirroredStrategy()
+
+
+def state(version: int) -> dict:
+    rng = np.random.default_rng(version)
+    return {"w": rng.normal(size=(4, 3)), "step": np.int64(version)}
+
+
+def restored_equal(strategy, comm, path, version):
+    got = checkpoint.restore(path, state(0), strategy)
+    np.testing.assert_array_equal(got["w"], state(version)["w"])
+    assert same_everywhere(comm, int(got["step"])) == version
+
+
+def test_every_rank_saves_one_path(strategy, comm, shared_dir):
+    path = os.path.join(shared_dir, "state.npz")
+    for version in (1, 2, 3):
+        checkpoint.save(state(version), path, strategy)
+        assert os.path.exists(path)  # complete when save returns, on every rank
+        restored_equal(strategy, comm, path, version)
+    assert same_everywhere(comm, sorted(os.listdir(shared_dir))) == ["state.npz"]
+
+
+def test_chief_alone_saves(strategy, comm, shared_dir):
+    path = os.path.join(shared_dir, "chief.npz")
+    for version in (1, 2):
+        if comm.Get_rank() == 0:
+            checkpoint.save(state(version), path, strategy)
+        strategy.reduce("SUM", np.ones(1), axis=None)  # the program goes on: nothing waits for the save
+    restored_equal(strategy, comm, path, 2)
+    checkpoint.save(state(3), path, strategy)  # then every rank saves the same path: still one writer
+    restored_equal(strategy, comm, path, 3)
+
+
+def test_every_rank_saves_a_path_of_its_own(strategy, comm, shared_dir):
+    own = os.path.join(shared_dir, f"own-{comm.Get_rank()}.npz")
+    checkpoint.save(state(comm.Get_rank() + 1), own, strategy)
+    with np.load(own) as data:
+        assert int(data["leaf_000000"]) == comm.Get_rank() + 1  # the leaves in order: step, w
+    comm.Barrier()  # each rank wrote its own file, without waiting for the others
+    assert same_everywhere(comm, len(os.listdir(shared_dir))) == comm.Get_size()
+
+
+def test_chief_write_error_is_raised_on_every_rank_that_saves_its_path(strategy, comm, shared_dir):
+    blocker = os.path.join(shared_dir, "a-file")
+    if comm.Get_rank() == 0:
+        open(blocker, "w").close()
+    comm.Barrier()
+    with pytest.raises(OSError, match="could not write"):
+        checkpoint.save(state(1), os.path.join(blocker, "state.npz"), strategy)
