@@ -17,6 +17,10 @@ fast path (fastpath.py), takes the same steps through the same public methods:
 4. :meth:`Pipeline.mark_broken`: a step that missed its deadline marks the pipeline broken
    (the :class:`~mpidist.collectives.deadline.Caller` of each call does it).
 
+A call that fails before step 3 on some rank (step 2, or a layer above the engine) goes through
+:meth:`Pipeline.fail` instead: that rank still takes part in the agreement exchange, with a failed
+signature, so the collective raises on every rank and the next one works (agreement.py).
+
 A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topology.Topology`
 (the private clone, node and leader communicators), the :class:`~mpidist.collectives.agreement.Agreement`
 (hash cache, last agreed signature), the stall
@@ -36,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._config import rc
-from ..errors import CommunicatorBrokenError, RanksLostError
+from ..errors import CommunicatorBrokenError, DeadlineExceededError, RanksLostError
 from ..topology import Topology
 from . import agreement, nest, packing, stall, timeline
 from .algorithms import choose
@@ -151,6 +155,24 @@ class Pipeline:
             yield
         finally:
             monitor.leave()
+
+    def fail(self, where: str, error: BaseException, timeout: float | None = None) -> None:
+        """This rank's call of collective ``where`` failed with ``error`` before its agreement
+        exchange: take part in the exchange with a failed signature, so that every rank raises for
+        this collective (here ``error``; elsewhere CollectiveFailedError naming this rank). Always
+        raises. Where no exchange can be trusted to meet the others' (agreement switched off, the
+        pipeline broken, or ``error`` itself says the communicator is unusable) ``error`` is only
+        raised here. ``timeout``: the deadline of the exchange (None: none)."""
+        if not rc.check_agreement or self.broken is not None or isinstance(error, _UNRECOVERABLE) \
+                or not isinstance(error, Exception):
+            raise error
+        call = Caller(where, timeout, self.mark_broken)
+        with self.watched(where):
+            try:
+                self.agreement.fail(call, where, error)
+            except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
+                self.raise_if_lost(where, exc)
+                raise
 
     # -- 3. agree, run, record ---------------------------------------------------------------------
 
@@ -268,6 +290,9 @@ class Pipeline:
             self.topology.free()
 
 
+_UNRECOVERABLE = (CommunicatorBrokenError, RanksLostError, DeadlineExceededError)  # errors fail() only re-raises
+
+
 def _lost_classes() -> tuple[int, ...]:
     """The MPI error classes that mean a peer died (ULFM); empty where the library lacks them."""
     return tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
@@ -281,6 +306,8 @@ def structure_of(tree: Any) -> str:
 
 def _describe(key: tuple) -> str:
     where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline, compression, posted_from = key
+    if where == "barrier":
+        return f"barrier({'with a deadline' if deadline else 'no deadline'})"
     parts = []
     if op is not None:
         parts.append(f"op={Op(op).name}")
