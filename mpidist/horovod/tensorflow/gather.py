@@ -47,7 +47,7 @@ def raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) ->
             if x.shape.rank == 0:
                 raise ValueError(f"allgather: expected a tensor of at least one dimension, got a scalar "
                                  f"({x.dtype.name}); reshape it to [1]")
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [_ragged(x.shape) for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [_ragged(x.shape) for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             summed = raw_allreduce(list(dys), Sum, process_set, name + "_grad")
@@ -93,7 +93,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
     @tf.custom_gradient
     def bcast(x: tf.Tensor) -> Any:
-        out = runner.execute(name, run, [x], [x.dtype], [x.shape], where)[0]
+        out = runner.execute(name, run, [x], [x.dtype], [x.shape], where, engine)[0]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
             summed = raw_allreduce([dy], Sum, process_set, name + "_grad")[0]
@@ -149,7 +149,8 @@ def _raw_alltoall(x: tf.Tensor, splits: tf.Tensor, process_set: ProcessSet, name
 
     @tf.custom_gradient
     def a2a(t: tf.Tensor, s: tf.Tensor) -> Any:
-        out, received = runner.execute(name, run, [t, s], [t.dtype, tf.int32], [_ragged(t.shape), [size]], where)
+        out, received = runner.execute(name, run, [t, s], [t.dtype, tf.int32], [_ragged(t.shape), [size]], where,
+                                       engine)
 
         def grad(dy: tf.Tensor, dsplits: Any = None) -> list[Any]:
             back, _ = _raw_alltoall(dy, received, process_set, name + "_grad")

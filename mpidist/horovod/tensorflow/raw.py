@@ -36,7 +36,7 @@ def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             return raw_allreduce(list(dys), op, process_set, name + "_grad")

@@ -50,7 +50,7 @@ def _raw(tensors: Sequence[tf.Tensor], op: int, process_set: ProcessSet, name: s
         for x in xs:
             if x.shape.rank == 0:
                 raise ValueError("reducescatter: expected a tensor of at least one dimension, got a scalar")
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [shape(x.shape) for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [shape(x.shape) for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             full = raw_allgather(list(dys), process_set, name + "_grad")

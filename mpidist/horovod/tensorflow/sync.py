@@ -19,7 +19,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
         joins.collective(engine, "barrier", engine.barrier)
         return [arrays[0]]
 
-    out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier")
+    out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier",
+                         engine)
     return None if tf.executing_eagerly() else out[0].op
 
 
@@ -34,7 +35,8 @@ def join(device: str = "", process_set: ProcessSet = global_process_set) -> tf.T
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(joins.join(engine), np.int32).reshape(())]
 
-    return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join")[0]
+    return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join",
+                          engine)[0]
 
 
 def _grouped_broadcast(tensors: Sequence[Any], root_rank: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
@@ -48,7 +50,7 @@ def _grouped_broadcast(tensors: Sequence[Any], root_rank: int, process_set: Proc
         return [np.asarray(o).reshape(a.shape) for o, a in zip(out, arrays)]
 
     outs = runner.execute(name, run, [w for w, _ in wired], [w.dtype for w, _ in wired],
-                          [w.shape for w, _ in wired], where)
+                          [w.shape for w, _ in wired], where, engine)
     return [tf.cast(o, d) if o.dtype != d else o for o, (_, d) in zip(outs, wired)]
 
 
