@@ -19,6 +19,10 @@ from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_var
 from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
+from . import elastic, util, variable_refs
+from .util import executing_eagerly as _executing_eagerly  # Horovod's tests call hvd._executing_eagerly()
+
+variable_refs.install()
 
 
 def __getattr__(name: str) -> object:
@@ -42,4 +46,5 @@ __all__ = [
     "broadcast_",
     "broadcast_object", "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
+    "elastic", "util",
 ]

@@ -31,6 +31,11 @@ def scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
+def _check_sparse_scaling(prescale: float, postscale: float) -> None:
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("allreduce: pre/postscale_factor are not supported with tf.IndexedSlices")
+
+
 def _sparse(tensor: tf.IndexedSlices, op: int, process_set: ProcessSet, name: str) -> tf.IndexedSlices:
     if op not in (Average, Sum):
         raise NotImplementedError("allreduce: the op parameter supports only Sum and Average for "
@@ -51,8 +56,10 @@ def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_s
     name = runner.scope_name(name, "HorovodAllreduce")
     if isinstance(tensor, tf.IndexedSlices):
         engine_op(op, "allreduce")  # Adasum: NotImplementedError
+        _check_sparse_scaling(prescale_factor, postscale_factor)
         return _sparse(tensor, op, process_set, name)
-    return _dense([tensor], op, compression, prescale_factor, postscale_factor, process_set, name)[0]
+    with runner.guard(process_set, "allreduce"):
+        return _dense([tensor], op, compression, prescale_factor, postscale_factor, process_set, name)[0]
 
 
 def _dense(tensors: Sequence[Any], op: int, compression: Any, prescale: float, postscale: float,
@@ -76,10 +83,15 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
     name = runner.scope_name(name, "HorovodGroupedAllreduce")
     tensors = list(tensors)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if len(dense) < len(tensors):
+        engine_op(op, "allreduce")  # Adasum: NotImplementedError
+        _check_sparse_scaling(prescale_factor, postscale_factor)
     out: list[Any] = [None] * len(tensors)
     if dense:
-        for i, r in zip(dense, _dense([tensors[i] for i in dense], op, compression, prescale_factor,
-                                      postscale_factor, process_set, name)):
+        with runner.guard(process_set, "allreduce"):
+            reduced = _dense([tensors[i] for i in dense], op, compression, prescale_factor, postscale_factor,
+                             process_set, name)
+        for i, r in zip(dense, reduced):
             out[i] = r
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):

@@ -62,7 +62,9 @@ def broadcast_(variables: Any, root_rank: int, name: str | None = None,
     variables = [variables] if single else list(variables)
     if not variables:
         return []
-    values = _grouped_broadcast(variables, root_rank, process_set, runner.scope_name(name, "HorovodBroadcastInplace"))
+    with runner.guard(process_set, "broadcast"):
+        values = _grouped_broadcast(variables, root_rank, process_set,
+                                    runner.scope_name(name, "HorovodBroadcastInplace"))
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         out = [tf.convert_to_tensor(v) for v in variables]
@@ -82,7 +84,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = _grouped_broadcast(variables, root_rank, process_set, "HorovodBroadcastVariables")
+    with runner.guard(process_set, "broadcast"):
+        values = _grouped_broadcast(variables, root_rank, process_set, "HorovodBroadcastVariables")
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         return None
