@@ -19,10 +19,10 @@ from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_var
 from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
-from . import elastic, util, variable_refs
+from . import elastic, util, keras_spellings
 from .util import executing_eagerly as _executing_eagerly  # Horovod's tests call hvd._executing_eagerly()
 
-variable_refs.install()
+keras_spellings.install()
 
 
 def __getattr__(name: str) -> object:

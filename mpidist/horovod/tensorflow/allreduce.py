@@ -23,9 +23,12 @@ from .reduce_ops import Average, Sum, engine_op, handle_average_backwards_compat
 
 
 def scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
-    """``tensor * factor`` (integers scaled in float64 and cast back); nothing when factor is 1."""
+    """``tensor * factor`` as Horovod scales on CPU: integers in float64 and float16 in float32, cast
+    back; nothing when factor is 1."""
     if factor == 1.0:
         return tensor
+    if tensor.dtype == tf.float16:
+        return tf.cast(tf.cast(tensor, tf.float32) * tf.cast(factor, tf.float32), tf.float16)
     if tensor.dtype.is_floating or tensor.dtype.is_complex:
         return tensor * tf.cast(factor, tensor.dtype)
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)

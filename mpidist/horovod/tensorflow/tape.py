@@ -108,6 +108,16 @@ class _DistributedTapeMixin:
         reduced = reduce_gradients(flat, flat_sources, local=local, **self.hvd_args)  # type: ignore[attr-defined]
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None) -> tuple:
+        """``gradient()``'s results split into two lists of ``(variable, gradient)``: the local
+        sources' (left on this rank) and the others' (allreduced), in the order of ``sources``."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients))
+        local, others = [], []
+        for variable, grad in zip(flat_sources, grads):
+            (local if id(variable) in self.hvd_local else others).append((variable, grad))  # type: ignore[attr-defined]
+        return local, others
+
     def register_local_source(self, source: Any) -> None:
         """Leave the gradient of ``source`` (a variable) on this rank (Horovod's tape method)."""
         self.hvd_local.add(id(source))  # type: ignore[attr-defined]
