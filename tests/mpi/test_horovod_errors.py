@@ -139,3 +139,21 @@ def test_a_failure_in_a_gradient_is_an_error_on_every_rank():
         tape.gradient(y, x, output_gradients=upstream)
     assert isinstance(info.value, (ValueError, tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError))
     ten_good_ones("eager")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_after_an_error_in_a_graph_no_rank_starts_the_next_collective(mode):
+    """A graph whose first collective mismatches and whose next ones would run after it: every rank
+    raises in the first, none starts the next (they wait for the first one's check), so the ranks
+    stay in step; repeated, then ten good collectives."""
+    me = hvd.rank()
+
+    def step(x):
+        bad = hvd.allreduce(x[:1 + me % 2], op=hvd.Sum)  # mismatched shapes
+        later = [hvd.allgather(x), hvd.broadcast(x, 0), hvd.allreduce(x, op=hvd.Max)]
+        return [bad] + later
+    for _ in range(3):
+        with pytest.raises(tf.errors.FailedPreconditionError, match="allreduce: ranks issued different"):
+            run(mode, lambda x: [tf.reduce_sum(t) for t in step(x)], np.ones(4, np.float32))
+    ten_good_ones(mode)

@@ -71,8 +71,8 @@ def test_broadcast_gradient_goes_to_the_root(mode):
     n, me = hvd.size(), hvd.rank()
     root = n - 1
     g = gradient(mode, lambda t: hvd.broadcast(t, root), data(me, (3,)), upstream_of(me))
-    want = sum(upstream_np(r, (3,)) for r in range(n)) if me == root else np.zeros(3)
-    np.testing.assert_allclose(g, want)
+    want = sum(upstream_np(r, (3,)) for r in range(n)) / n if me == root else np.zeros(3)  # averaged
+    np.testing.assert_allclose(g, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)

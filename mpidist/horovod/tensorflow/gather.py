@@ -3,8 +3,8 @@
 - allgather: rank order along the first dimension, which may differ per rank. Gradient: the
   Average-allreduce of the incoming gradient, of which this rank keeps its own rows (Horovod 0.28.1
   averages: with the same upstream gradient on every rank, each rank gets its rows of it).
-- broadcast: the root's tensor. Gradient: the Sum-allreduce of the incoming gradient at the root,
-  zeros elsewhere.
+- broadcast: the root's tensor. Gradient: the Average-allreduce of the incoming gradient at the
+  root, zeros elsewhere (Horovod 0.28.1).
 - alltoall(tensor, splits): rank j receives the ``splits[j]`` consecutive rows of every rank's
   tensor meant for it (rows past ``sum(splits)`` are not sent); returns ``(tensor,
   received_splits)``, or only the tensor when ``splits`` is None (the first dimension then cut in
@@ -32,7 +32,7 @@ from ...errors import CollectiveMismatchError
 from . import joins, runner
 from .raw import raw_allreduce, wire
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import Average, Sum
+from .reduce_ops import Average
 
 
 def _ragged(shape: tf.TensorShape) -> tf.TensorShape | None:
@@ -112,7 +112,7 @@ def _broadcast(tensor: Any, root_rank: int, process_set: ProcessSet, name: str) 
         out = runner.execute(name, run, [x], [x.dtype], [x.shape], where, engine)[0]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            summed = raw_allreduce([dy], Sum, process_set, name + "_grad")[0]
+            summed = raw_allreduce([dy], Average, process_set, name + "_grad")[0]
             if engine.rank == root_rank:
                 return summed
             with tf.control_dependencies([summed]):  # a v1 graph must still run the allreduce here

@@ -126,26 +126,35 @@ def execute(name: str, run: Run, tensors: Sequence[tf.Tensor], out_dtypes: Seque
 
     types = list(out_dtypes) + [tf.int32, tf.string]
     graph = tf.compat.v1.get_default_graph()
-    if getattr(graph, "outer_graph", None) is not None or isinstance(graph, tf.__internal__.FuncGraph):
+    in_function = getattr(graph, "outer_graph", None) is not None or isinstance(graph, tf.__internal__.FuncGraph)
+    if in_function:
         token = ordering_token()
         with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))]):
             outs = tf.numpy_function(func, tensors, types, stateful=True, name=name)
-        with tf.control_dependencies(outs):
-            tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))
     else:  # a v1 graph: chain the collectives in program order
         previous = _last_op.get(graph)
         with tf.control_dependencies([previous] if previous is not None else []):
             outs = tf.numpy_function(func, tensors, types, stateful=True, name=name)
+    outs = _checked(list(outs))
+    # the next collective waits for this one's check: after an error no rank starts it (every rank
+    # raised in this one, and TensorFlow abandons the step before the next op runs)
+    if in_function:
+        with tf.control_dependencies(outs):
+            tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))
+    else:
         _last_op[graph] = outs[0].op
-    outs = list(outs)
-    status, message = outs[-2], outs[-1]
-    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _raise_failed_precondition(message))
-    with tf.control_dependencies([check]):
-        outs = [tf.identity(o) for o in outs[:-2]]
     for out, shape in zip(outs, shapes):
         if shape is not None:
             out.set_shape(shape)
     return outs
+
+
+def _checked(outs: list[tf.Tensor]) -> list[tf.Tensor]:
+    """The op's results, after a check that raises FailedPreconditionError when its status says so."""
+    status, message = outs[-2], outs[-1]
+    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _raise_failed_precondition(message))
+    with tf.control_dependencies([check]):
+        return [tf.identity(o) for o in outs[:-2]]
 
 
 def scope_name(name: str | None, default: str) -> str:
