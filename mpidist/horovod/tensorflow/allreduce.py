@@ -66,14 +66,14 @@ def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_s
 
 
 def _dense(tensors: Sequence[Any], op: int, compression: Any, prescale: float, postscale: float,
-           process_set: ProcessSet, name: str) -> list[tf.Tensor]:
+           process_set: ProcessSet, name: str, exact_average: bool = False) -> list[tf.Tensor]:
     engine_op(op, "allreduce")
     compressed, ctxs = [], []
     for t in tensors:
         c, ctx = compression.compress(tf.convert_to_tensor(t))
         compressed.append(scale(c, prescale))
         ctxs.append(ctx)
-    reduced = raw_allreduce(compressed, op, process_set, name)
+    reduced = raw_allreduce(compressed, op, process_set, name, exact_average)
     return [compression.decompress(scale(r, postscale), ctx) for r, ctx in zip(reduced, ctxs)]
 
 
@@ -81,7 +81,17 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
                       device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
                       process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> list[Any]:
-    """Reduce a list of tensors in one engine call (IndexedSlices each by allgather)."""
+    """Reduce a list of tensors in one engine call (IndexedSlices each by allgather). Average is
+    exact for float32 and float16 (reduced in a wider type, rounded once: raw.raw_allreduce)."""
+    return grouped(tensors, average, compression, op, prescale_factor, postscale_factor, name, process_set,
+                   exact_average=True)
+
+
+def grouped(tensors: Sequence[Any], average: Any = None, compression: Any = Compression.none, op: Any = None,
+            prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
+            process_set: ProcessSet = global_process_set, exact_average: bool = False) -> list[Any]:
+    """grouped_allreduce; ``exact_average``: see raw.raw_allreduce (the gradient path leaves it off:
+    its float32 Average travels in float32)."""
     op = handle_average_backwards_compatibility(op, average)
     name = runner.scope_name(name, "HorovodGroupedAllreduce")
     tensors = list(tensors)
@@ -93,7 +103,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
     if dense:
         with runner.guard(process_set, "allreduce"):
             reduced = _dense([tensors[i] for i in dense], op, compression, prescale_factor, postscale_factor,
-                             process_set, name)
+                             process_set, name, exact_average)
         for i, r in zip(dense, reduced):
             out[i] = r
     for i, t in enumerate(tensors):
@@ -105,4 +115,4 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
 
 
 
-__all__ = ["allreduce", "grouped_allreduce", "raw_allreduce", "scale", "Sum", "Average"]
+__all__ = ["allreduce", "grouped_allreduce", "grouped", "raw_allreduce", "scale", "Sum", "Average"]

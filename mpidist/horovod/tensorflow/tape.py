@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from .allreduce import grouped_allreduce
+from .allreduce import grouped
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average
@@ -70,9 +70,8 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None, *, o
     for b, batch in enumerate(batches):
         if not batch:
             continue
-        reduced = grouped_allreduce([grads[i] for i in batch], op=op, compression=compression,
-                                    prescale_factor=prescale, postscale_factor=postscale,
-                                    name=f"{name}_{b}", process_set=process_set)
+        reduced = grouped([grads[i] for i in batch], op=op, compression=compression, prescale_factor=prescale,
+                          postscale_factor=postscale, name=f"{name}_{b}", process_set=process_set)
         for i, r in zip(batch, reduced):
             out[i] = r
     if scale_local_gradients and local:
