@@ -150,17 +150,16 @@ def execute(name: str, run: Run, tensors: Sequence[tf.Tensor], out_dtypes: Seque
 
 
 def _checked(outs: list[tf.Tensor]) -> list[tf.Tensor]:
-    """The op's results, passed through a ``tf.cond`` on its status whose failing branch raises
-    FailedPreconditionError. (Not identities under a control dependency on a check: TensorFlow's
-    graph-mode custom_gradient later sets an attribute on such an Identity op, and warns that this
-    will become an error once a session has run it.)"""
-    results, status, message = outs[:-2], outs[-2], outs[-1]
+    """The op's results, after a check that raises FailedPreconditionError when its status says so.
 
-    def failed() -> list[tf.Tensor]:
-        with tf.control_dependencies([_raise_failed_precondition(message)]):
-            return [tf.identity(r) for r in results]
-    checked = tf.cond(tf.equal(status, 0), lambda: [tf.identity(r) for r in results], failed)
-    return list(checked) if isinstance(checked, (list, tuple)) else [checked]
+    (In a v1 graph TensorFlow may log "Operation ... was changed by setting attribute after it was
+    run by a session" for these identities when a later custom_gradient is built: the change has no
+    effect. Passing the results through the cond instead avoids the message, but TensorFlow then
+    prunes the failing branch's file read, and nothing raises.)"""
+    status, message = outs[-2], outs[-1]
+    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _raise_failed_precondition(message))
+    with tf.control_dependencies([check]):
+        return [tf.identity(o) for o in outs[:-2]]
 
 
 def scope_name(name: str | None, default: str) -> str:
