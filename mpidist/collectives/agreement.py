@@ -47,7 +47,9 @@ When every rank failed (the hashes' maximum is FAILED) there is nothing to excha
 its own error. ``last`` is cleared in both cases, on every rank, so the invariant below holds.
 ``exchanges`` counts this rank's exchanges: a layer that sees an error can tell from it whether
 its collective reached an exchange (then the error is already on every rank) or not (then it must
-report the failure).
+report the failure). Every path that posts an exchange must count it (:meth:`Agreement.post` and
+:meth:`Agreement.bind` do): an uncounted one would make an error raised after its data moved look
+like a failure before it, and the extra failed exchange would put the ranks one collective apart.
 """
 from __future__ import annotations
 
