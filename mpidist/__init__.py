@@ -3,20 +3,35 @@
 Replace ``tf.distribute`` with ``mpidist`` (and ``tf.distribute.experimental`` with
 ``mpidist.experimental``) and launch with mpirun/srun: one rank hosts one replica.
 """
-from ._version import __version__
+from . import cluster_resolver, elastic, errors, experimental, numpy, overlap
 from ._config import rc
-from . import errors
-from .topology import Topology
+from ._version import __version__
 from .collectives import Engine, Op  # Op is ReduceOp: one class, defined in collectives
-from .cross_device import (CrossDeviceOps, HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce, ReduceOp,
-                           ReductionToOneDevice)
+from .cross_device import ReduceOp
+from .frameworks import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    MirroredStrategy,
+    MPIAllReduce,
+    MultiWorkerMirroredStrategy,
+    NcclAllReduce,
+    OneDeviceStrategy,
+    ReductionToOneDevice,
+)
+from .input import DistributedDataset, DistributedIterator, InputContext, InputOptions, InputReplicationMode
+from .strategies import (
+    ReplicaContext,
+    Strategy,
+    StrategyExtended,
+    experimental_set_strategy,
+    get_loss_reduction,
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from .topology import Topology
 from .values import DistributedValues
-from .strategies import (MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy, ReplicaContext,
-                         Strategy, StrategyExtended, experimental_set_strategy, get_loss_reduction,
-                         get_replica_context, get_strategy, has_strategy, in_cross_replica_context)
-from .input import (DistributedDataset, DistributedIterator, InputContext, InputOptions,
-                    InputReplicationMode)
-from . import experimental, cluster_resolver, numpy, elastic, overlap
 
 
 def __getattr__(name: str):
@@ -36,5 +51,6 @@ __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext", "Strategy",
            "StrategyExtended", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
            "get_strategy", "has_strategy", "in_cross_replica_context", "DistributedDataset", "DistributedIterator",
-           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver", "numpy", "elastic",
+           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver", "numpy",
+           "elastic",
            "overlap"]

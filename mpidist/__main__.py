@@ -1,4 +1,4 @@
-"""Command line: ``python -m mpidist info|bench|soak|timeline [...]`` (under mpirun/srun)."""
+"""Command line: ``python -m mpidist check|info|bench|soak|timeline [...]`` (under mpirun/srun)."""
 from __future__ import annotations
 
 import sys
@@ -6,11 +6,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"info": "mpidist.info", "bench": "mpidist.bench", "soak": "mpidist.soak",
+    commands = {"check": "mpidist.check", "info": "mpidist.info", "bench": "mpidist.bench", "soak": "mpidist.soak",
                 "timeline": "mpidist.timeline"}
     if not argv or argv[0] not in commands:
-        print("usage: python -m mpidist {info,bench,soak,timeline} [options]   (run under mpirun/srun; --help per command)",
-              file=sys.stderr)
+        print("usage: python -m mpidist {check,info,bench,soak,timeline} [options]   "
+              "(run under mpirun/srun; --help per command)", file=sys.stderr)
         return 2
     import importlib
     return importlib.import_module(commands[argv[0]]).main(argv[1:])

@@ -31,7 +31,7 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
 def _nonneg_int(name: str, value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())  # from the environment
-    return check_nonneg_int(value, "mpidist.rc", name)  # type: ignore[return-value]
+    return check_nonneg_int(value, "mpidist.rc", name)
 
 
 def _tristate(name: str, value: Any) -> str:
@@ -57,7 +57,7 @@ def _compression(name: str, value: Any) -> str:
     """none, float16 or bfloat16 (aliases: see validation.check_compression); None and "" mean none."""
     if isinstance(value, str) and not value.strip():
         return "none"
-    return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]
+    return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]  # None only if optional
 
 
 def _path(name: str, value: Any) -> str:
@@ -163,7 +163,7 @@ class Settings:
             setattr(self, name, value)
 
     @contextlib.contextmanager
-    def override(self, **kwargs: Any) -> Iterator["Settings"]:
+    def override(self, **kwargs: Any) -> Iterator[Settings]:
         """Change settings inside a ``with`` block; restores the previous values on exit."""
         saved = self.as_dict()
         try:

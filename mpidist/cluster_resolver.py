@@ -119,7 +119,10 @@ class MPIClusterResolver:
         try:  # a free port on the given address, or on every interface
             if port is None:
                 reserved = _reserve_port(host or "")
-            mine = f"{host or socket.gethostname()}:{port or reserved.getsockname()[1]}"
+                port_text = str(reserved.getsockname()[1])
+            else:
+                port_text = str(port)
+            mine = f"{host or socket.gethostname()}:{port_text}"
             error = None
         except OSError as err:  # reported on every rank, after the exchange (no rank left waiting)
             mine, error = "", f"rank {rank}: {err}"
@@ -132,7 +135,7 @@ class MPIClusterResolver:
         if failed:
             raise OSError(f"{where}: no free TCP port on `host` {host!r} ({failed[0]})")
         self._addresses: list[str] = [address for address, _ in gathered]
-        first = {}
+        first: dict[str, int] = {}
         for r, address in enumerate(self._addresses):
             if address in first:
                 raise ValueError(f"{where}: ranks {first[address]} and {r} both serve at {address} "

@@ -2,8 +2,8 @@
 
 Run it the way the job runs (``mpirun -n 4 python -m mpidist info``, ``srun --mpi=pmix python -m
 mpidist info``): MPI library and thread level, the launcher, CUDA-aware MPI, NCCL/CuPy and
-TensorFlow availability (TensorFlow is not imported), whether ULFM is active (mpidist.elastic), settings, and the topology: hosts, nodes and
-local ranks of every rank.
+TensorFlow availability (TensorFlow is not imported), whether ULFM is active (mpidist.elastic),
+settings, and the topology: hosts, nodes and local ranks of every rank.
 """
 from __future__ import annotations
 
@@ -73,19 +73,23 @@ def format_report(report: dict[str, Any]) -> str:
     mpi = report["mpi"]
     aware = {True: "yes", False: "no", None: "unknown"}[mpi["cuda_aware"]]
     launcher = report["launcher"]
+    detail = ", " + launcher["detail"] if launcher["detail"] else ""
+    faked = " (faked by MPIDIST_LOCAL_SIZE)" if report["faked_nodes"] else ""
     lines = [
         f"mpidist {report['mpidist']}  (Python {report['python']}, NumPy {report['numpy']}, mpi4py {report['mpi4py']})",
         f"MPI           {mpi['library']}",
         f"              standard {mpi['standard']}, thread level {mpi['thread_level']}, {mpi['library_path']}",
-        f"launcher      {launcher['name']} ({launcher['tasks']} tasks{', ' + launcher['detail'] if launcher['detail'] else ''}); "
+        f"launcher      {launcher['name']} ({launcher['tasks']} tasks{detail}); "
         f"MPI world size {report['world_size']}",
         f"CUDA-aware    {aware} ({mpi['cuda_aware_source']})",
-        f"CuPy / NCCL   {report['cupy'] or 'not installed'} / {report['nccl'] or 'not available'}; GPUs visible: {report['gpus']}",
-        f"TensorFlow    {report['tensorflow'] or 'not installed'} (Keras {report['keras'] or '-'}; not imported by info)",
+        f"CuPy / NCCL   {report['cupy'] or 'not installed'} / {report['nccl'] or 'not available'}; "
+        f"GPUs visible: {report['gpus']}",
+        f"TensorFlow    {report['tensorflow'] or 'not installed'} (Keras {report['keras'] or '-'}; "
+        "not imported by info)",
         f"ULFM          {'yes' if report['ulfm']['active'] else 'no'}: {report['ulfm']['detail']} "
         f"(mpidist.elastic {'survives' if report['ulfm']['active'] else 'cannot survive'} the death of ranks)",
         "settings      " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()),
-        f"topology      {report['num_nodes']} node(s){' (faked by MPIDIST_LOCAL_SIZE)' if report['faked_nodes'] else ''}",
+        f"topology      {report['num_nodes']} node(s){faked}",
         f"  {'rank':>5} {'node':>5} {'local':>6}  {'host':<24} {'pid':>8}  CUDA_VISIBLE_DEVICES",
     ]
     for r in report["ranks"]:

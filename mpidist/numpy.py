@@ -1,9 +1,10 @@
 """``mpidist.numpy``: the strategies on NumPy, never on TensorFlow, whatever the program imported.
 
 ``mpidist.MultiWorkerMirroredStrategy()`` builds on TensorFlow when TensorFlow has been imported
-(``rc.framework``); these classes always build the NumPy strategies (and never import TensorFlow).
-Their objects are instances of the ``mpidist`` classes of the same names too. The TensorFlow
-counterparts are in ``mpidist.tensorflow``.
+(``rc.framework``); these classes always build the NumPy strategies of ``mpidist.strategies`` (and
+never import TensorFlow), and ``isinstance(s, mpidist.numpy.X)`` means "an X built on NumPy", by
+whichever class. Their objects are instances of the ``mpidist`` classes of the same names too. The
+TensorFlow counterparts are in ``mpidist.tensorflow``.
 """
 from __future__ import annotations
 

@@ -39,18 +39,19 @@ import numpy as np
 
 from ._config import rc
 from .collectives import Engine, progress
+from .collectives.options import CallOptions
 from .collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
-from .cross_device import CommunicationOptions, MPIAllReduce, ReduceOp, as_options, as_reduce_op
+from .cross_device import MPIAllReduce, ReduceOp, as_reduce_op, call_options_of
 from .strategies import StrategyExtended, get_strategy
 from .validation import is_integer
 
 DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
 
 
-def bucket_bytes(options: CommunicationOptions) -> int:
-    """The bucket size: ``options.bytes_per_pack``, else ``rc.bytes_per_pack``, else 4 MiB (packing's rule;
-    CommunicationOptions' 0 means not set)."""
-    return packed_bucket_bytes(options.bytes_per_pack or None, rc.bytes_per_pack)
+def bucket_bytes(options: CallOptions) -> int:
+    """The bucket size: ``options.bytes_per_pack`` when set, else ``rc.bytes_per_pack``; 0 (automatic):
+    4 MiB (packing's rule)."""
+    return packed_bucket_bytes(options.bytes_per_pack, rc.bytes_per_pack)
 
 
 class GradientBuckets:
@@ -78,7 +79,6 @@ class GradientBuckets:
             self._shapes.append(tuple(shape))
             self._dtypes.append(np.dtype(dtype))
         self._op = as_reduce_op(reduce_op, where)
-        opts = as_options(options, where)
         if engine is not None:
             if strategy is not None:
                 raise ValueError(f"{where}: give `strategy` or `engine`, not both")
@@ -86,6 +86,7 @@ class GradientBuckets:
                 raise TypeError(f"{where}: `engine` must be an mpidist.Engine, got {type(engine).__name__}")
             self._engine = engine
             self._reduce = MPIAllReduce().bind(engine).all_reduce_local
+            opts = call_options_of(options, where)
         else:
             strategy = get_strategy() if strategy is None else strategy
             extended = getattr(strategy, "extended", None)
@@ -95,8 +96,8 @@ class GradientBuckets:
                                 f"tf.function is bucketed already), got {type(strategy).__name__}")
             extended.check_open(where)
             self._engine = extended.engine
-            opts = extended.options.merge(opts)
-            self._reduce = lambda op, value, o, w: extended.all_reduce(op, value, o)
+            opts = extended.call_options(options, where)
+            self._reduce = lambda op, value, options, where: extended.all_reduce(op, value, options)
         self._options = opts
         self.bucket_bytes = bucket_bytes(opts)
         sizes = [math.prod(s) * d.itemsize for s, d in zip(self._shapes, self._dtypes)]

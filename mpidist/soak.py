@@ -84,9 +84,9 @@ def run(collectives: int, max_bytes: int, seed: int, comm: MPI.Intracomm | None 
         else:
             got = engine.allgather(mine)
         for i, d in enumerate(dtypes):
-            shape_of = lambda r: ((rows[i] + r * (kind == "allgather")) % (rows[i] + 2),) + tails[i]  # noqa: E731
+            gathered = kind == "allgather"
             who = [step % size] if kind == "broadcast" else range(size)
-            parts = [_data(step * 100 + i, r, d, shape_of(r)) for r in who]
+            parts = [_data(step * 100 + i, r, d, ((rows[i] + r * gathered) % (rows[i] + 2),) + tails[i]) for r in who]
             if not np.array_equal(got[f"k{i}"], _expected(kind, op, parts, rank)):
                 wrong += 1
     seconds = time.perf_counter() - start

@@ -17,11 +17,19 @@ CommunicationOptions, ``rc.timeout_seconds`` and ``MPIDIST_TIMEOUT_SECONDS``):
   CommunicationOptions, then ``rc.timeout_seconds``; ``rc``'s own ``None`` means no deadline);
 - ``0``: no deadline, whatever the defaults say (TensorFlow documents 0 as "no timeout");
 - ``> 0``: the deadline of each collective, in seconds.
+
+**And of ``bytes_per_pack``**, by the same rule (engine calls, CallOptions, CommunicationOptions,
+CollectiveHints, ``MPIAllReduce``; ``rc.bytes_per_pack`` is the last default):
+
+- ``None``: not set here; the next default applies (TensorFlow's own options objects cannot say
+  "not set": their 0, TensorFlow's default, is taken as None where they come in);
+- ``0``: automatic packing (mpidist/collectives/packing.py), whatever the defaults say;
+- ``> 0``: packs of up to that many bytes.
 """
 from __future__ import annotations
 
 import numbers
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, overload
 
 NO_DEADLINE = 0.0  # what check_timeout returns for "no deadline, whatever the defaults say"
 
@@ -40,6 +48,10 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
+@overload
+def check_int_at_least(value: Any, where: str, name: str, low: int, *, optional: Literal[False] = False) -> int: ...
+@overload
+def check_int_at_least(value: Any, where: str, name: str, low: int, *, optional: bool) -> int | None: ...
 def check_int_at_least(value: Any, where: str, name: str, low: int, *, optional: bool = False) -> int | None:
     """An integer >= ``low`` as a Python int; ``None`` passes through when ``optional``."""
     if value is None and optional:
@@ -50,16 +62,28 @@ def check_int_at_least(value: Any, where: str, name: str, low: int, *, optional:
     return int(value)
 
 
+@overload
+def check_nonneg_int(value: Any, where: str, name: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def check_nonneg_int(value: Any, where: str, name: str, *, optional: bool) -> int | None: ...
 def check_nonneg_int(value: Any, where: str, name: str, *, optional: bool = False) -> int | None:
     """An integer >= 0 as a Python int; ``None`` passes through when ``optional``."""
     return check_int_at_least(value, where, name, 0, optional=optional)
 
 
+@overload
+def check_bytes_per_pack(value: Any, where: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def check_bytes_per_pack(value: Any, where: str, *, optional: bool) -> int | None: ...
 def check_bytes_per_pack(value: Any, where: str, *, optional: bool = False) -> int | None:
     """``bytes_per_pack``: an integer >= 0 (0: automatic packing); None when ``optional``."""
     return check_nonneg_int(value, where, "bytes_per_pack", optional=optional)
 
 
+@overload
+def check_num_packs(value: Any, where: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def check_num_packs(value: Any, where: str, *, optional: bool) -> int | None: ...
 def check_num_packs(value: Any, where: str, *, optional: bool = False) -> int | None:
     """``num_packs``: an integer >= 0 (0: every leaf alone); None when ``optional``."""
     return check_nonneg_int(value, where, "num_packs", optional=optional)

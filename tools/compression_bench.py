@@ -30,6 +30,7 @@ from mpidist.bench.timing import compare, fmt_size, parse_size
 from mpidist.collectives import Engine
 from mpidist.collectives.compression import codec
 from mpidist.collectives.options import CallOptions
+from tools import tables
 
 
 def _user_op(kind: str) -> tuple[MPI.Op, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     engine = Engine(comm)
-    results: dict[str, Any] = {"ranks": comm.Get_size(), "load": "%.2f %.2f %.2f" % os.getloadavg()}
+    results: dict[str, Any] = {"ranks": comm.Get_size(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     for text in args.sizes.split(","):
         nbytes = parse_size(text)
         timed = compare(comm, cases(comm, engine, nbytes, args.alternatives), args.seconds)
@@ -140,16 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: dict) -> str:
-    lines = [f"compression bench, {results['ranks']} ranks; medians of interleaved blocks, ms per call; "
-             f"load average at the start {results['load']}"]
-    for key, rows in results.items():
-        if not isinstance(rows, dict) or key == "conversion":
-            continue
-        lines.append(f"\n{key} float32")
-        raw = rows["raw Allreduce float32"]
-        plain = rows["mpidist allreduce, no compression"]
-        for name, ms in rows.items():
-            lines.append(f"  {name:<48}{ms:>10.3f} ms  x{ms / raw:5.2f} raw  x{ms / plain:5.2f} uncompressed")
+    title = (f"compression bench, {results['ranks']} ranks; medians of interleaved blocks, ms per call; "
+             f"load average at the start {results['load']}; sizes of float32 data")
+    lines = [tables.table(title, results, 48, digits=3, skip=["conversion"], baselines=lambda _, rows: {
+        "raw": rows["raw Allreduce float32"], "uncompressed": rows["mpidist allreduce, no compression"]})]
     lines.append("\nconversions alone, per float32 element of the allreduce (every rank at once)")
     for kind, row in results.get("conversion", {}).items():
         even = row["break-even link GB/s per rank"]

@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist.bench.timing import compare
+from tools import tables
 
 HOROVOD_0_28_1_ALLREDUCE_4KB_MS = 1.08
 
@@ -104,15 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: dict) -> str:
-    lines = [f"mpidist.horovod bench, {results['ranks']} ranks; medians of interleaved blocks"]
-    for key, rows in results.items():
-        if not isinstance(rows, dict):
-            continue
-        lines.append(f"\n{key}")
-        first = next(iter(rows.values()))
-        for name, ms in rows.items():
-            lines.append(f"  {name:<62}{ms:>10.4f} ms  x{ms / first:6.2f}")
-    return "\n".join(lines)
+    return tables.table(f"mpidist.horovod bench, {results['ranks']} ranks; medians of interleaved blocks", results, 62)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpidist.bench.timing import compare
+from tools import tables
 
 DEFAULT_BEFORE = "0e18d34"
 MICRO_BATCHES = 16  # per model.fit call in --accumulation
@@ -62,7 +63,7 @@ def before_bridge(rev: str) -> Any:
     module.__package__ = "mpidist.tensorflow"
     module.__file__ = f"{rev}:mpidist/tensorflow/collectives.py"
     sys.modules[module.__name__] = module
-    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 (our own file at REV)
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # our own file at REV
     return module
 
 
@@ -77,7 +78,7 @@ def traced_before(module: Any) -> Iterator[None]:
     """While tracing: reductions run the old bridge, in one op (no buckets)."""
     from mpidist.tensorflow import reductions
     saved = reductions.collectives, reductions.buckets
-    reductions.collectives, reductions.buckets = module, _NoBuckets
+    vars(reductions).update(collectives=module, buckets=_NoBuckets)  # the module's globals, for the trace
     try:
         yield
     finally:
@@ -110,7 +111,7 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     global_batch = args.batch * engine.size
 
-    def trained_step(strategy: Any, model: Any, opt: Any) -> Callable[[], Any]:
+    def trained_step(strategy: Any, model: Any, opt: Any) -> Any:  # a tf.function
         def replica(xb: Any, yb: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)),
@@ -227,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
     import keras
+    import tensorflow as tf
 
     intra, inter = args.threads
     if intra:
@@ -267,7 +268,7 @@ def table(tool: str, result: dict, width: int) -> str:
     lines = [f"{tool}, {result['ranks']} ranks; medians of interleaved blocks"]
     for key, value in result.items():
         if key == "ms":
-            lines += [f"  {name:<{width}}{ms:>10.3f} ms" for name, ms in value.items()]
+            lines += tables.timing_rows(value, width, digits=3)
         elif isinstance(value, dict):
             lines.append(f"{key}:")
             lines += [f"  {k:<{width}}{v}" for k, v in value.items()]

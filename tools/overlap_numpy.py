@@ -33,11 +33,11 @@ if __name__ == "__main__":  # BLAS threads must be set before NumPy loads
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, _n)
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from mpidist.bench.timing import compare  # noqa: E402
-from tools.overlap_bench import overlap_ratios, table  # noqa: E402
+from mpidist.bench.timing import compare
+from tools.overlap_bench import overlap_ratios, table
 
 
 class MLP:

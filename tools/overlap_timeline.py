@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             os.remove(old)
     comm.Barrier()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
     import keras
+    import tensorflow as tf
+
     import mpidist
     from mpidist.collectives import timeline
     from mpidist.tensorflow import make_strategy
@@ -156,13 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     engine = mpidist.Engine(comm)
     strategy = make_strategy("MultiWorkerMirroredStrategy", engine, mpidist.experimental.CommunicationOptions())
     recorder = timeline.recorder()
+    if recorder is None:  # rc.timeline was set just above
+        raise RuntimeError(f"tools.overlap_timeline: no timeline recorder for --trace {args.trace!r}")
     track = recorder.engine("TensorFlow step (tools.overlap_timeline)")
 
     def mark(name: str) -> None:
         now = recorder.now()
         recorder.span(name, track, now, now, cat="mark")
 
-    steps, variables = {}, {}
+    steps: dict[str, Any] = {}
+    variables: dict[str, Any] = {}
     before = before_bridge(args.before)
     if before is not None:
         with traced_before(before):

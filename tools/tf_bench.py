@@ -28,6 +28,7 @@ machine noise hits them alike; figures are medians over blocks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from typing import Any, Callable
@@ -37,6 +38,7 @@ from mpi4py import MPI
 
 from mpidist.bench.timing import compare
 from mpidist.cluster_resolver import MPIClusterResolver
+from tools import tables
 from tools.overlap_bench import DEFAULT_BEFORE, before_bridge, traced_before
 
 
@@ -215,19 +217,19 @@ def _input_cases(tf: Any, strategy: Any) -> dict[str, Callable[[], Any]]:
     """(c): per step, this rank's tf.data iterator against the distributed iterator over it."""
     batch = tf.data.Dataset.from_tensors(tf.zeros([32, 8])).repeat()  # endless: blocks never run out
     step = tf.function(lambda it: it.get_next(), autograph=False)
-    reduce_sum = lambda x: tf.distribute.get_replica_context().all_reduce("sum", x)  # noqa: E731
+    reduce_sum = lambda x: tf.distribute.get_replica_context().all_reduce("sum", x)
     train = tf.function(lambda it: strategy.run(reduce_sum, args=(it.get_next(),)), autograph=False)
     cases: dict[str, Callable[[], Any]] = {}
     for label, local in (("equal known lengths", batch), ("unknown lengths (agreement)", batch.filter(lambda x: True))):
         dist = strategy.distribute_datasets_from_function(lambda ctx, local=local: local)
         plain, distributed = iter(local), iter(dist)
-        cases[f"{label}: tf.data iterator, eager"] = lambda it=plain: next(it)
-        cases[f"{label}: distributed iterator, eager"] = lambda it=distributed: next(it)
-        cases[f"{label}: tf.data iterator, in a tf.function"] = lambda it=plain: step(it)
-        cases[f"{label}: distributed iterator, in a tf.function"] = lambda it=distributed: step(it)
+        cases[f"{label}: tf.data iterator, eager"] = functools.partial(next, plain)
+        cases[f"{label}: distributed iterator, eager"] = functools.partial(next, distributed)
+        cases[f"{label}: tf.data iterator, in a tf.function"] = functools.partial(step, plain)
+        cases[f"{label}: distributed iterator, in a tf.function"] = functools.partial(step, distributed)
     # beside a step's own collective (an all_reduce of the 1 KB batch), as in training
-    cases["unknown lengths (agreement): tf.data iterator + all_reduce"] = lambda it=plain: train(it)
-    cases["unknown lengths (agreement): distributed iterator + all_reduce"] = lambda it=distributed: train(it)
+    cases["unknown lengths (agreement): tf.data iterator + all_reduce"] = functools.partial(train, plain)
+    cases["unknown lengths (agreement): distributed iterator + all_reduce"] = functools.partial(train, distributed)
     return cases
 
 
@@ -250,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         # before TensorFlow touches its context
         os.environ["TF_CONFIG"] = json.dumps(tf_config_from_mpi(comm))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
     import keras
+    import tensorflow as tf
 
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -292,17 +294,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: dict) -> str:
-    lines = [f"tools.tf_bench, {results['ranks']} ranks, TensorFlow threads per rank: {results['threads']}; "
-             f"medians of interleaved blocks"]
-    for key, rows in results.items():
-        if not isinstance(rows, dict):
-            continue
-        lines.append(f"\n{key}")
-        first = next(iter(rows.values()))
-        for name, ms in rows.items():
-            extra = f"   {1e3 / ms:8.1f} steps/s" if key.startswith("MLP") else ""
-            lines.append(f"  {name:<70}{ms:>10.4f} ms  x{ms / first:6.2f}{extra}")
-    return "\n".join(lines)
+    title = (f"tools.tf_bench, {results['ranks']} ranks, TensorFlow threads per rank: {results['threads']}; "
+             f"medians of interleaved blocks")
+    return tables.table(title, results, 70,
+                        extra=lambda key, name, ms: f"   {1e3 / ms:8.1f} steps/s" if key.startswith("MLP") else "")
 
 
 if __name__ == "__main__":

@@ -44,14 +44,16 @@ def load_before(path: str, name: str = "mpidist_before") -> ModuleType:
         raise FileNotFoundError(f"python -m mpidist bench paths: `--before` must name a checkout holding "
                                 f"mpidist/__init__.py, got {path!r}")
     spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[os.path.dirname(init)])
+    assert spec is not None and spec.loader is not None, "a .py file's spec has a loader"
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     return module
 
 
-def _paths(package: Any, x: np.ndarray) -> tuple[dict[str, Callable[[], object]], Any]:
-    """The three mpidist cases of one package (this one or ``--before``'s) and its strategy."""
+def _paths(package: Any, x: np.ndarray) -> tuple[dict[str, Callable[[], Any]], Any]:
+    """The three mpidist cases of one package (this one or ``--before``'s), each returning the
+    reduced array, and its strategy."""
     strategy = package.numpy.MultiWorkerMirroredStrategy()
     engine = strategy.extended.engine
     replica_context = package.get_replica_context
@@ -73,9 +75,13 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> l
         cases, strategy = _paths(mpidist, x)
         raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
         strategies = [strategy]
-        timed: dict[str, Callable[[], object]] = {
-            "raw Allreduce": lambda: raw.Allreduce(x, out),
-            "raw Iallreduce": lambda: raw.Iallreduce(x, out_i).Wait()}
+
+        def raw_allreduce(raw=raw, x=x, out=out):
+            return raw.Allreduce(x, out)
+
+        def raw_iallreduce(raw=raw, x=x, out_i=out_i):
+            return raw.Iallreduce(x, out_i).Wait()
+        timed: dict[str, Callable[[], object]] = {"raw Allreduce": raw_allreduce, "raw Iallreduce": raw_iallreduce}
         timed.update(cases)
         if before is not None:
             old, old_strategy = _paths(before, x)

@@ -55,15 +55,18 @@ def samples(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], seconds
     """Seconds per call of each case in each round (one block of every case per round)."""
     for fn in cases.values():  # warm up: first-call costs, tf.function tracing
         _block_time(comm, fn, 3)
-    probe = max(_block_time(comm, fn, 3) for fn in cases.values())
-    calls = int(comm.bcast(max(1, min(2000, int(0.01 / max(probe, 1e-7)))), root=0))
+    # each case's own block length (~10 ms): one count for all, sized for the slowest, left a fast
+    # case's block so short that switching cases (another engine's buffers and caches) weighed on
+    # each of its calls (a 10 µs GPU call read 28 µs beside a 170 µs one)
+    probes = {name: _block_time(comm, fn, 3) for name, fn in cases.items()}
+    calls = comm.bcast({name: max(1, min(2000, int(0.01 / max(p, 1e-7)))) for name, p in probes.items()}, root=0)
     times: dict[str, list[float]] = {name: [] for name in cases}
     names = list(cases)
     deadline = time.perf_counter() + seconds
     rounds = 0
     while True:
         for name in random.Random(rounds).sample(names, len(names)):  # the same order on every rank
-            times[name].append(_block_time(comm, cases[name], calls))
+            times[name].append(_block_time(comm, cases[name], calls[name]))
         rounds += 1
         # all ranks stop together: rank 0 decides
         if comm.bcast(rounds >= 5 and time.perf_counter() > deadline, root=0):

@@ -29,8 +29,11 @@ waits for the exchange and checks it, before returning anything. Why this is saf
   every rank holds it before any data moves, and checked against the steps the call then issued
   (``Caller.issued``): a difference, the same on every rank, turns speculation off for that
   signature rather than leave a replay that would not match.
-- Signatures that are not speculated on (recipe None): GPU buffers, hierarchical steps, anything but
+- Signatures that are not speculated on (recipe None): hierarchical steps, anything but
   allreduce; their exchange is the same call, so they mismatch safely with anything.
+- GPU allreduces speculate too: their recipes are recorded as their data steps run (NCCL calls,
+  which replay themselves, or flat MPI calls on staged or device buffers, replayed as above);
+  collectives/gpu/recipes.py extends this argument to the GPU.
 
 **Failures before the data moves** (:meth:`Agreement.fail`). A rank whose call of a collective
 fails before its exchange (an argument, conversion or dtype error, in the engine or in a layer
@@ -225,6 +228,10 @@ def drain(comm: MPI.Intracomm, recipe: Recipe | None, where: str) -> None:
         raise CollectiveMismatchError(
             f"{where}: ranks issued different collectives while others had already started the previous "
             f"one's data steps, and this rank does not know them; the communicator cannot be recovered")
+    replay = getattr(recipe, "replay", None)
+    if replay is not None:  # device steps replay themselves (collectives/gpu/recipes.py)
+        replay()
+        return
     for wire, count, op, nonblocking in recipe:
         send = np.zeros(count, dtype=wire)
         recv = np.empty_like(send)

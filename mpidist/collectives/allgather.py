@@ -32,7 +32,7 @@ def run(ctx, arrays: list[np.ndarray]) -> list[np.ndarray]:
     ctx.call(ctx.topo.comm, "Allgather", mine, rows)
     row_bytes = [a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays]
     seg = rows * np.array(row_bytes, dtype=np.int64)   # bytes of leaf i from rank r: seg[r, i]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # each filled below
     if len(arrays) == 1:  # one leaf: no plan, no pack (small arrays are cheaper as Python ints)
         a, counts = arrays[0], seg[:, 0]
         recv = buffers.empty(sum(counts.tolist()), _BYTE)

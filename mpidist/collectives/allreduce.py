@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
 from . import buffers, compression, packing
 from .algorithms import flat
 from .ops import Op, finish_mean, rules
-
 
 validate = None  # nothing to check beyond what every collective checks
 
@@ -15,7 +15,7 @@ def signature(arrays: list[np.ndarray]) -> tuple:
     return tuple([(a.dtype.char, a.shape) for a in arrays])
 
 
-def one(a: np.ndarray, wire: np.ndarray, mop, op: Op, size: int, transfer) -> np.ndarray:
+def one(a: np.ndarray, wire: np.dtype, mop: MPI.Op, op: Op, size: int, transfer) -> np.ndarray:
     """Allreduce of one contiguous array: ``transfer(send, recv)`` moves the data."""
     send = packing.as_dtype(a, wire)
     recv = buffers.empty_like(send)
@@ -66,7 +66,7 @@ def issued_recipe(ctx, issued: list[tuple]) -> tuple | None:
     return tuple(steps)
 
 
-def transfers(ctx, arrays: list[np.ndarray], op: Op) -> list[tuple[np.dtype, int, object]]:
+def transfers(ctx, arrays: list[np.ndarray], op: Op) -> list[tuple[np.dtype, int, MPI.Op]]:
     """``(wire dtype, element count, MPI op)`` of each buffer :func:`run` reduces, in order."""
     if len(arrays) == 1:
         wire, mop = rules(arrays[0].dtype, op, ctx.where, "leaf 0 of `value`")
@@ -81,7 +81,7 @@ def transfers(ctx, arrays: list[np.ndarray], op: Op) -> list[tuple[np.dtype, int
     return out
 
 
-def dtype_rules(ctx, arrays: list[np.ndarray], op: Op) -> dict[np.dtype, tuple[np.dtype, object]]:
+def dtype_rules(ctx, arrays: list[np.ndarray], op: Op) -> dict[np.dtype, tuple[np.dtype, MPI.Op]]:
     """``(wire dtype, MPI op)`` of each distinct dtype among ``arrays`` (errors name the first leaf)."""
     dtypes = [a.dtype for a in arrays]
     return {d: rules(d, op, ctx.where, f"leaf {dtypes.index(d)} of `value`") for d in set(dtypes)}
@@ -94,7 +94,7 @@ def reduce_packs(ctx, arrays: list[np.ndarray], op: Op, transfer, keep: bool = T
     """
     rule = dtype_rules(ctx, arrays, op)
     dtypes = [a.dtype for a in arrays]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # filled below, unless keep=False
     nbytes = [a.size * rule[d][0].itemsize for a, d in zip(arrays, dtypes)]
     for pack in ([[0]] if len(arrays) == 1 else ctx.plan(nbytes, dtypes)):
         dtype = dtypes[pack[0]]

@@ -2,8 +2,9 @@
 
 The engine works on contiguous NumPy arrays. A leaf may be a NumPy array, a NumPy scalar or a
 Python number; results come back as the same kind (array, NumPy scalar, Python number) with the
-same dtype and shape. Higher layers register adapters for other array types (TensorFlow, CuPy)
-with :func:`register`, so this module never imports them.
+same dtype and shape. Nothing else is taken here: device (CuPy) arrays go to collectives/gpu
+before this module sees them, and the TensorFlow layer hands the engine NumPy arrays (or CuPy
+ones, gpu_bridge.py) of its tensors.
 """
 from __future__ import annotations
 
@@ -35,23 +36,16 @@ def _scalar_back(result: np.ndarray, original: Any) -> Any:
 _NUMPY = Adapter("numpy", lambda x: isinstance(x, np.ndarray), lambda x: x, _numpy_back)
 _SCALAR = Adapter("scalar", lambda x: isinstance(x, (np.generic, bool, int, float, complex)),
                   np.asarray, _scalar_back)
-_adapters: list[Adapter] = []
-
-
-def register(adapter: Adapter) -> None:
-    """Add an adapter, tried before NumPy's (later registrations first)."""
-    _adapters.insert(0, adapter)
 
 
 def to_host(leaf: Any, where: str, index: int) -> tuple[np.ndarray, Adapter]:
     """A C-contiguous NumPy array holding ``leaf`` and the adapter to rebuild it."""
     if isinstance(leaf, np.ndarray):
         adapter = _NUMPY
+    elif _SCALAR.accepts(leaf):
+        adapter = _SCALAR
     else:
-        adapter = next((a for a in _adapters if a.accepts(leaf)), None) or (
-            _SCALAR if _SCALAR.accepts(leaf) else None)
-        if adapter is None:
-            raise TypeError(f"{where}: leaf {index} of `value` must be an array or a number, "
+        raise TypeError(f"{where}: leaf {index} of `value` must be an array or a number, "
                             f"got {type(leaf).__module__}.{type(leaf).__qualname__}")
     array = adapter.to_numpy(leaf)
     check_dtype(array.dtype, where, f"leaf {index} of `value`")

@@ -20,7 +20,7 @@ def signature(arrays: list[np.ndarray]) -> tuple:
 
 def run(ctx, arrays: list[np.ndarray], root: int) -> list[np.ndarray]:
     is_root = ctx.topo.rank == root
-    results: list[np.ndarray] = list(arrays) if is_root else [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = list(arrays) if is_root else [None] * len(arrays)  # type: ignore[list-item]  # filled
     nbytes = [a.nbytes for a in arrays]
     for pack in ctx.plan(nbytes, [0] * len(arrays)):
         if len(pack) == 1:

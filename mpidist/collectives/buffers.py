@@ -32,7 +32,7 @@ HUGE_FROM = 1 << 20
 _FREE_REFS = 3  # the pool's list, the local name, getrefcount's argument
 
 _lock = threading.Lock()
-_blocks: "OrderedDict[int, list[np.ndarray]]" = OrderedDict()
+_blocks: OrderedDict[int, list[np.ndarray]] = OrderedDict()
 _held = 0
 
 

@@ -33,7 +33,7 @@ communicator). Ranks must use the same setting: it is part of the agreement key.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -55,7 +55,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op, others: Callable[[list[np.ndarray
     codec = _CODECS[ctx.compression]
     mine = [i for i, a in enumerate(arrays) if a.dtype == F32]
     rest = [i for i, a in enumerate(arrays) if a.dtype != F32]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # each filled below
     if mine:
         if ctx.size > 1:  # the timeline's record of this collective says so
             ctx.notes = {**(ctx.notes or {}), "compression": codec.name}
@@ -78,7 +78,7 @@ def blocks(count: int, size: int) -> tuple[list[int], list[int]]:
     return counts, displacements(counts)
 
 
-def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: "Codec") -> np.ndarray:
+def reduce_buffer(ctx, send: np.ndarray, op: Op, codec: Codec) -> np.ndarray:
     """SUM (or MEAN) of the 1-D float32 ``send`` over ``ctx``'s ranks, compressed on the wire."""
     comm, size, rank = ctx.topo.comm, ctx.size, ctx.topo.rank
     out = buffers.empty(send.size, F32)
@@ -195,7 +195,7 @@ class Float16(Codec):
                 np.copyto(data, x, casting="same_kind")
         else:
             scaled = tmp.view(F32)
-            np.multiply(x, state, out=scaled)
+            np.multiply(x, cast(np.float32, state), out=scaled)  # state(): the block's float32 scale
             np.copyto(data, scaled, casting="same_kind")
 
     def decode_chunk(self, wire: np.ndarray, out: np.ndarray, state: object) -> np.ndarray:

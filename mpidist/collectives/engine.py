@@ -63,7 +63,8 @@ class Engine:
     Per-call options: the keyword arguments ``bytes_per_pack``, ``num_packs``, ``algorithm`` and
     ``timeout_seconds``, or ``options=`` a :class:`~mpidist.collectives.options.CallOptions`
     (keyword arguments that are set win over it); what is not set comes from ``mpidist.rc``.
-    ``timeout_seconds=0`` means no deadline, even when ``rc.timeout_seconds`` sets one.
+    ``timeout_seconds=0`` means no deadline, even when ``rc.timeout_seconds`` sets one. Options with
+    nothing set are a plain call (the cached fast path included).
 
     The first Engine of the process installs the abort hook (``rc.abort_on_error``: an uncaught
     exception on one rank ends the MPI job instead of leaving the others waiting).
@@ -128,7 +129,7 @@ class Engine:
         if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
             pipeline.pending.wait_idle()
         plain = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None \
-            and options is None
+            and (options is None or getattr(options, "empty", False) is True)
         if plain and pipeline.broken is None:  # a repeat of an earlier plain call: see fastpath.py
             fast = pipeline.fast.lookup(op, value)
             if fast is not None:
@@ -288,8 +289,8 @@ class Engine:
     def _options(where: str, plain: bool | None, bytes_per_pack: Any, num_packs: Any, algorithm: Any,
                  timeout_seconds: Any, options: CallOptions | None) -> Resolved:
         """The per-call options of one collective, resolved (step 2 of the module docstring)."""
-        if plain or (options is None and bytes_per_pack is None and num_packs is None and algorithm is None
-                     and timeout_seconds is None):
+        if plain or ((options is None or getattr(options, "empty", False) is True) and bytes_per_pack is None
+                     and num_packs is None and algorithm is None and timeout_seconds is None):
             return Resolved.defaults()  # the hot path
         if options is None:
             return Resolved.from_arguments(where, bytes_per_pack, num_packs, algorithm, timeout_seconds)

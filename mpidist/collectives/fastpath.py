@@ -2,20 +2,26 @@
 
 A training loop reduces the same dtypes and shapes every step (a gradient, or the list of all
 gradients). The first such call takes the engine's general path (validation, planning, agreement
-key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeline.fast``) to cache what cannot change for the same
-dtypes and shapes: the agreement hash, the pack plan (the same ``packing.plan`` as the general
-path, so ranks on either path issue identical MPI calls), wire dtypes, MPI ops and the offsets
-of each leaf in its pack. A later call with the same op, leaf types, dtypes and shapes then does
-only: agreement (one 24-byte allreduce; overlapped with the data when this repeats the previous
-collective's signature, see agreement.py, ``Agreement.bind``), one ``np.concatenate`` into a recycled
-buffer per pack (each buffer a ``buffers.Slot``: the block of the last call, tried first),
-the MPI call (``Allreduce``, or ``Iallreduce`` + wait from ``rc.iallreduce_threshold`` bytes, as
-the general path), MEAN's division, and slicing the results out as views.
+key); the engine then asks :meth:`FastPaths.remember` (on its pipeline, ``pipeline.fast``) to cache
+what cannot change for the same dtypes and shapes: the agreement hash, the pack plan (the same
+``packing.plan`` as the general path, so ranks on either path issue identical MPI calls), wire
+dtypes, MPI ops and the offsets of each leaf in its pack. A later call with the same op, leaf types,
+dtypes and shapes then does only: agreement (one 24-byte allreduce; overlapped with the data when
+this repeats the previous collective's signature, see agreement.py, ``Agreement.bind``), one
+``np.concatenate`` into a recycled buffer per pack (each buffer a ``buffers.Slot``: the block of the
+last call, tried first), the MPI call (``Allreduce``, or ``Iallreduce`` + wait from
+``rc.iallreduce_threshold`` bytes, as the general path), MEAN's division, and slicing the results
+out as views.
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
 are dropped whenever a setting changes (``rc.generation``). The agreement key, its hash and the
 stall monitor come from the pipeline's public methods (pipeline.py), as on the general path.
+
+Device arrays (CuPy) have cached paths too, built by collectives/gpu/fast.py, which registers
+itself here (:meth:`FastPaths.attach_devices`) at the pipeline's first GPU collective: one CuPy
+array, or a list/tuple of them, keyed by op, dtypes, shapes, strides (contiguous arrays only), the
+arrays' device, the current device and the GPU implementation asked for (a context variable).
 """
 from __future__ import annotations
 
@@ -39,11 +45,38 @@ class FastPaths:
         self._pipeline = pipeline
         self._arrays: dict[tuple, tuple[int, Callable]] = {}
         self._lists: dict[tuple, tuple[int, Callable]] = {}
+        self._devices: dict[tuple, tuple[int, Callable]] = {}
+        self._device_kind: type | None = None  # cupy.ndarray, once collectives/gpu registered
+        self._current_device: Callable[[], int] = int
+        self._implementation: Callable[[], Any] = tuple
+        self._build_device: Callable[[Any, Op, Any], Callable | None] | None = None
 
     def clear(self) -> None:
         """Forget every cached call (the pipeline is closed or its communicator replaced)."""
         self._arrays.clear()
         self._lists.clear()
+        self._devices.clear()
+
+    def attach_devices(self, kind: type, current_device: Callable[[], int], implementation: Callable[[], Any],
+                       build: Callable[[Any, Op, Any], Callable | None]) -> None:
+        """Cache calls on arrays of type ``kind`` too (collectives/gpu/fast.py): ``current_device()``
+        and ``implementation()`` are part of their key, ``build(op, red, value)`` makes the cached
+        function (or None: leave the call to the general path)."""
+        self._device_kind, self._current_device, self._implementation = kind, current_device, implementation
+        self._build_device = build
+
+    def attached(self, kind: type) -> bool:
+        """Whether calls on arrays of type ``kind`` are cached (:meth:`attach_devices`)."""
+        return self._device_kind is kind
+
+    def device_key(self, op: Any, value: Any) -> tuple:
+        """The key of a call on device arrays (what :meth:`lookup` builds inline)."""
+        kind = type(value)  # (not `type(value) is ...`: mypy would narrow `value` to object)
+        if kind is self._device_kind:
+            return (op, value.dtype, value.shape, value.strides, value.data.device_id, self._current_device(),
+                    self._implementation())
+        return (op, type(value), tuple([(type(a), a.dtype, a.shape, a.strides, a.data.device_id) for a in value]),
+                self._current_device(), self._implementation())
 
     def lookup(self, op: Any, value: Any) -> Callable | None:
         """The cached function for ``value`` (called with ``value``), or None."""
@@ -54,9 +87,17 @@ class FastPaths:
             entry = self._arrays.get((op, value.dtype, value.shape))
         elif kind is list or kind is tuple:
             try:
-                entry = self._lists.get((op, kind, tuple([(type(a), a.dtype, a.shape) for a in value])))
+                if value and type(value[0]) is self._device_kind:  # device_key, inline
+                    entry = self._devices.get((op, kind, tuple([(type(a), a.dtype, a.shape, a.strides,
+                                                                 a.data.device_id) for a in value]),
+                                               self._current_device(), self._implementation()))
+                else:
+                    entry = self._lists.get((op, kind, tuple([(type(a), a.dtype, a.shape) for a in value])))
             except (AttributeError, TypeError):  # a leaf without dtype/shape, or unhashable: general path
                 return None
+        elif kind is self._device_kind:  # device_key, inline: no call on the hot path
+            entry = self._devices.get((op, value.dtype, value.shape, value.strides, value.data.device_id,
+                                       self._current_device(), self._implementation()))
         else:
             return None
         if entry is None or entry[0] != rc.generation:
@@ -74,6 +115,9 @@ class FastPaths:
         elif (kind is list or kind is tuple) and 1 < len(value) and all([type(a) is np.ndarray for a in value]):
             key = (op, kind, tuple([(type(a), a.dtype, a.shape) for a in value]))
             self._store(self._lists, key, self._list_path(red, value))
+        elif self._build_device is not None and (kind is self._device_kind or (
+                (kind is list or kind is tuple) and value and all([type(a) is self._device_kind for a in value]))):
+            self._store(self._devices, self.device_key(op, value), self._build_device(op, red, value))
 
     @staticmethod
     def _store(cache: dict, key: tuple, path: Callable | None) -> None:
@@ -85,20 +129,32 @@ class FastPaths:
 
     # -- building the cached functions ----------------------------------------------------------
 
-    def _agreed(self, red: Op, structure: str, arrays: list[np.ndarray], data: Callable) -> Callable | None:
+    def _agreed(self, red: Op, structure: str, arrays: list[Any], data: Callable, variant: str | None = None,
+                steps: tuple | None = None) -> Callable | None:
         """``data`` with the agreement step around it, as on the general path: the same key, its hash
-        computed once, the same speculation (agreement.py). None: leave this call to the general path."""
+        computed once, the same speculation (agreement.py). ``variant``: what else the general path
+        agreed on (the GPU path's implementation); ``steps``: the data steps ``data`` issues, which
+        must be the recipe the general path recorded (collectives/gpu/recipes.py). None: leave this
+        call to the general path. One rank has nothing to agree with: no exchange."""
         pipeline = self._pipeline
-        if not rc.check_agreement:
+        if not rc.check_agreement or pipeline.size == 1:
             return data
         key = pipeline.key("allreduce", (red.value, None), structure, allreduce.signature(arrays),
-                           rc.algorithm, rc.bytes_per_pack, None, False)
+                           rc.algorithm if variant is None else f"{rc.algorithm}|{variant}", rc.bytes_per_pack,
+                           None, False)
         h = pipeline.agreement_hash(key)
         agreed_on = pipeline.agreement
         last = agreed_on.last  # the general path has just agreed on this very key: its data steps
-        if last is None or last[0] != h:
+        if last is None or last[0] != h or (steps is not None and last[1] != steps):
             return None
         return agreed_on.bind(h, key, "allreduce", last[1], data)
+
+    def bound(self, red: Op, structure: str, arrays: list[Any], data: Callable, variant: str,
+              steps: tuple) -> Callable | None:
+        """A device path's cached function (collectives/gpu/fast.py): ``data`` with the agreement and
+        the stall monitor around it, as for host arrays; see :meth:`_agreed`."""
+        run = self._agreed(red, structure, arrays, data, variant, steps)
+        return None if run is None else self._monitored(run)
 
     def _flat(self, nbytes: int) -> bool:
         topo = self._pipeline.topology
@@ -169,7 +225,7 @@ class FastPaths:
 
         def data(leaves: list | tuple) -> list | tuple:
             results: list[Any] = [None] * count
-            for pack, dtype, mop, bounds, posted, packed, received in steps:
+            for pack, _dtype, mop, bounds, posted, packed, received in steps:
                 if packed is None:
                     send = np.ascontiguousarray(leaves[pack[0]]).reshape(-1)
                 else:

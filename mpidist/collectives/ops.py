@@ -31,11 +31,11 @@ class ReduceOp(enum.Enum):
     PROD = "PROD"
 
     @classmethod
-    def _missing_(cls, value: object) -> "ReduceOp | None":
+    def _missing_(cls, value: object) -> ReduceOp | None:
         return _lookup(value)
 
     @staticmethod
-    def from_variable_aggregation(aggregation: Any) -> "ReduceOp":
+    def from_variable_aggregation(aggregation: Any) -> ReduceOp:
         """``tf.VariableAggregation`` (or its name) to a ReduceOp, as TensorFlow's method does."""
         name = getattr(aggregation, "name", str(aggregation)).upper()
         if name not in ("SUM", "MEAN"):

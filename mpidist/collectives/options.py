@@ -1,13 +1,16 @@
 """Per-call options of one collective: :class:`CallOptions`, and what they resolve to.
 
-One type carries what a collective gets besides its data, from every layer: the engine's keyword
-arguments (``bytes_per_pack=``, ``num_packs=``, ``algorithm=``, ``timeout_seconds=``) are turned
-into one; ``CommunicationOptions.call_options()`` gives one; the TensorFlow bridge passes one.
-Every field means "not set here" when None (``implementation``: when "auto"), so the defaults in
-``mpidist.rc`` apply. ``timeout_seconds=0`` means no deadline, over ``rc.timeout_seconds``
-(see mpidist/validation.py for the one meaning of each value). ``compression`` ("none",
-"float16", "bfloat16"; None: ``rc.compression``) is carried by ``options=`` only: the engine has
-no keyword argument for it (see compression.py).
+One type carries what a collective gets besides its data, on every path below the public API:
+the engine's keyword arguments (``bytes_per_pack=``, ``num_packs=``, ``algorithm=``,
+``timeout_seconds=``) are turned into one; the public API's CommunicationOptions /
+CollectiveHints are turned into one once, where they come in (``CommunicationOptions.call_options()``),
+and from there the strategies, the cross-device ops, the TensorFlow bridge and the engine
+(``options=``) all pass this one. Every field means "not set here" when None (``implementation``:
+when "auto"), so the defaults in ``mpidist.rc`` apply; 0 is a value, over ``rc``:
+``bytes_per_pack=0`` automatic packing, ``timeout_seconds=0`` no deadline (see
+mpidist/validation.py for the one meaning of each value). ``compression`` ("none", "float16",
+"bfloat16"; None: ``rc.compression``) is carried by ``options=`` only: the engine has no keyword
+argument for it (see compression.py).
 
 :meth:`CallOptions.resolve` turns options into :class:`Resolved`: every field concrete, the
 defaults filled in, the deadline as seconds or None (no deadline). That is what the pipeline,
@@ -16,12 +19,18 @@ the agreement key and the collective modules use.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._config import rc
-from ..validation import (NO_DEADLINE, check_bytes_per_pack, check_choice, check_compression, check_num_packs,
-                          check_timeout)
+from ..validation import (
+    NO_DEADLINE,
+    check_bytes_per_pack,
+    check_choice,
+    check_compression,
+    check_num_packs,
+    check_timeout,
+)
 
 ALGORITHMS = ("auto", "flat", "hierarchical")
 
@@ -43,7 +52,7 @@ IMPLEMENTATIONS = tuple(m.name.lower() for m in CommunicationImplementation)  # 
 class CallOptions:
     """What one collective gets besides the data; None (``implementation``: "auto") = the default.
 
-    ``bytes_per_pack``: pack size in bytes (0: automatic); ``num_packs``: split each dtype group
+    ``bytes_per_pack``: pack size in bytes (0: automatic packing); ``num_packs``: split each dtype group
     into this many packs (0: every leaf alone; not with ``bytes_per_pack``); ``algorithm``: auto,
     flat or hierarchical; ``timeout_seconds``: deadline of the whole collective (0: none);
     ``implementation``: for device buffers, auto, ring (MPI only) or nccl; ``compression``: none,
@@ -56,28 +65,29 @@ class CallOptions:
     num_packs: int | None = None
     algorithm: str | None = None
     compression: str | None = None
+    empty: bool = field(init=False, repr=False, compare=False)  # nothing set: the engine's plain call
 
     def __post_init__(self) -> None:
         checked = _checked("CallOptions", self.bytes_per_pack, self.num_packs, self.algorithm,
                            self.timeout_seconds, self.implementation, self.compression)
-        for name, value in zip(_FIELDS, checked):
-            object.__setattr__(self, name, value)
+        _set(self, checked)
 
     @classmethod
     def checked(cls, where: str, *, bytes_per_pack: Any = None, num_packs: Any = None, algorithm: Any = None,
-                timeout_seconds: Any = None, implementation: Any = "auto", compression: Any = None) -> "CallOptions":
+                timeout_seconds: Any = None, implementation: Any = "auto", compression: Any = None) -> CallOptions:
         """CallOptions from loose arguments, errors naming ``where`` (e.g. "allreduce")."""
         checked = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, implementation, compression)
         made = cls.__new__(cls)  # checked already: skip __post_init__'s second check
-        for name, value in zip(_FIELDS, checked):
-            object.__setattr__(made, name, value)
+        _set(made, checked)
         return made
 
-    def merged(self, over: "CallOptions | None") -> "CallOptions":
-        """``over``'s fields that are set, over this one's."""
-        if over is None:
+    def merged(self, over: CallOptions | None) -> CallOptions:
+        """``over``'s fields that are set (not None; ``implementation``: not "auto"), over this one's.
+        ``bytes_per_pack`` and ``num_packs`` go together: either is set by ``over``, or both come
+        from this one."""
+        if over is None or over.empty:
             return self
-        if over.bytes_per_pack or over.num_packs is not None:
+        if over.bytes_per_pack is not None or over.num_packs is not None:
             bpp, npk = over.bytes_per_pack, over.num_packs
         else:
             bpp, npk = self.bytes_per_pack, self.num_packs
@@ -86,22 +96,7 @@ class CallOptions:
                            self.algorithm if over.algorithm is None else over.algorithm,
                            self.compression if over.compression is None else over.compression)
 
-    def kwargs(self) -> dict[str, Any]:
-        """The set fields as the engine's keyword arguments (what upper layers used to pass)."""
-        out: dict[str, Any] = {}
-        if self.bytes_per_pack:
-            out["bytes_per_pack"] = self.bytes_per_pack
-        if self.num_packs is not None:
-            out["num_packs"] = self.num_packs
-        if self.algorithm is not None:
-            out["algorithm"] = self.algorithm
-        if self.timeout_seconds is not None:
-            out["timeout_seconds"] = self.timeout_seconds
-        if self.compression is not None:  # no engine keyword of its own: it travels as options=
-            out["options"] = CallOptions(compression=self.compression)
-        return out
-
-    def resolve(self) -> "Resolved":
+    def resolve(self) -> Resolved:
         """Every field concrete, rc's defaults filled in (read now: rc may have changed)."""
         timeout = rc.timeout_seconds if self.timeout_seconds is None else self.timeout_seconds
         return Resolved(rc.bytes_per_pack if self.bytes_per_pack is None else self.bytes_per_pack,
@@ -112,6 +107,14 @@ class CallOptions:
 
 _FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation",
            "compression")  # _checked's order
+
+
+def _set(options: CallOptions, checked: tuple) -> None:
+    for name, value in zip(_FIELDS, checked):
+        object.__setattr__(options, name, value)
+    bpp, npk, alg, timeout, impl, comp = checked
+    object.__setattr__(options, "empty", bpp is None and npk is None and alg is None and timeout is None
+                       and impl == "auto" and comp is None)
 
 
 def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, timeout_seconds: Any,
@@ -140,7 +143,7 @@ class Resolved:
         self.timeout, self.implementation, self.compression = timeout, implementation, compression
 
     @staticmethod
-    def defaults() -> "Resolved":
+    def defaults() -> Resolved:
         """rc's defaults (the hot path: no per-call options); shared, rebuilt when rc changes."""
         cached = _defaults[0]
         if cached is None or _defaults[1] != rc.generation:
@@ -151,7 +154,7 @@ class Resolved:
 
     @staticmethod
     def from_arguments(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any,
-                       timeout_seconds: Any) -> "Resolved":
+                       timeout_seconds: Any) -> Resolved:
         """The engine's keyword arguments, checked and resolved (no CallOptions in between)."""
         bpp, npk, alg, timeout, _, _ = _checked(where, bytes_per_pack, num_packs, algorithm, timeout_seconds, "auto")
         if timeout is None:

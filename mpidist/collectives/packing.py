@@ -46,7 +46,9 @@ def plan(nbytes: Sequence[int], groups: Sequence[Hashable], bytes_per_pack: int,
 
 
 def _greedy(idx: list[int], nbytes: Sequence[int], limit: int, alone_from: int) -> list[list[int]]:
-    packs, current, size = [], [], 0
+    packs: list[list[int]] = []
+    current: list[int] = []
+    size = 0
     for i in idx:
         if nbytes[i] >= alone_from:
             packs.append([i])
@@ -150,14 +152,15 @@ def backprop_buckets(sizes: Sequence[int | None], limit: int | None) -> list[lis
     when ``limit`` is None or a size is unknown (None), since every rank must make the same plan.
     (The TensorFlow bridge's buckets, tensorflow/buckets.py, and the cost model's overlap use it.)"""
     n = len(sizes)
-    if limit is None or n < 2 or any(s is None for s in sizes):
+    known = [s for s in sizes if s is not None]
+    if limit is None or n < 2 or len(known) < n:
         return [list(range(n))] if n else []
     buckets: list[list[int]] = []
     current: list[int] = []
     held = 0
     for i in reversed(range(n)):
         current.append(i)
-        held += sizes[i]
+        held += known[i]
         if held >= limit:
             buckets.append(sorted(current))
             current, held = [], 0

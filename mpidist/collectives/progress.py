@@ -47,7 +47,7 @@ from . import gpu, nest
 
 _log = logging.getLogger("mpidist")
 _told_serial = False
-_workers: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 def threads_supported() -> bool:

@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from . import buffers, packing
-from .allreduce import dtype_rules, signature  # same agreement fields: dtypes and full shapes
 from .allgather import validate
+from .allreduce import dtype_rules, signature  # same agreement fields: dtypes and full shapes
 from .ops import Op, finish_mean
 
 __all__ = ["signature", "validate", "run", "block_rows"]
@@ -29,7 +29,7 @@ def run(ctx, arrays: list[np.ndarray], op: Op) -> list[np.ndarray]:
     rule = dtype_rules(ctx, arrays, op)
     rows = [block_rows(a.shape[0], size) for a in arrays]
     row_elems = [math.prod(a.shape[1:]) for a in arrays]
-    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
+    results: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]  # each filled below
     nbytes = [a.size * rule[a.dtype][0].itemsize for a in arrays]
     plan = [[0]] if len(arrays) == 1 else ctx.plan(nbytes, [a.dtype for a in arrays])
     for pack in plan:

@@ -77,6 +77,7 @@ class Monitor:
             done, msg = self._recv.test()
             if not done:
                 return
+            assert msg is not None, "a query carries the asking rank"
             self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
             self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
 
@@ -107,6 +108,7 @@ class Monitor:
             for r, req in list(pending.items()):
                 done, state = req.test()
                 if done:
+                    assert state is not None, "a reply carries the replying rank's state"
                     replies[r] = state
                     del pending[r]
             time.sleep(0.01)
@@ -114,9 +116,10 @@ class Monitor:
             req.Cancel()
             req.Wait()
         late = [r for r, s in sorted(replies.items()) if not (s["inside"] and s["seq"] == seq and s["name"] == name)]
+        missing = late + sorted(pending)
         lines = [f"mpidist: stall: {name} #{seq} on rank {self.rank} has waited {waited:.0f} s "
                  f"(called at {call_site(thread)}); "
-                 f"{'ranks not in it: ' + ', '.join(map(str, late + sorted(pending))) if late or pending else 'every rank is in it'}"]
+                 f"{'ranks not in it: ' + ', '.join(map(str, missing)) if missing else 'every rank is in it'}"]
         for r in late:
             s = replies[r]
             where = "waiting in" if s["inside"] else "last finished"
@@ -140,7 +143,7 @@ class Monitor:
 
 
 # -- the one monitor thread of the process -----------------------------------------------------------
-_monitors: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _lock = threading.Lock()
 _thread: list[threading.Thread] = []
 _stop = threading.Event()

@@ -3,7 +3,8 @@
 With one replica per rank, "devices" are ranks: ``destinations`` arguments are accepted for
 compatibility and ignored. Each class picks an engine path:
 
-- ``MPIAllReduce(bytes_per_pack=0)``: the engine's automatic choice (flat or hierarchical);
+- ``MPIAllReduce(bytes_per_pack=None)``: the engine's automatic choice (flat or hierarchical);
+  ``bytes_per_pack`` as everywhere (None: the call's, else ``rc``'s; 0: automatic packing);
 - ``NcclAllReduce(num_packs=1)``: NCCL inside the node for GPU buffers and MPI across nodes; host
   buffers take the MPI path, said once in the log; GPU buffers where NCCL is unusable are an error
   on every rank (``NcclAllReduce: NCCL is not available: <why>``);
@@ -17,62 +18,30 @@ or NCCL for NcclAllReduce) reaches the engine's GPU path through ``collectives.g
 A CrossDeviceOps object is bound to a strategy's engine when the strategy is built; used on its
 own it binds to an engine over COMM_WORLD on first use (collective).
 
-Framework values (TensorFlow tensors, variables, TensorFlow's distributed values, and nests of
-them) are handed to a value adapter: an object a framework layer registers with
-:func:`register_value_adapter`. This layer never imports TensorFlow: when the program has imported
-it, the TensorFlow adapter is loaded once by module path (``TF_ADAPTER``, as strategies/backends.py
-loads the TensorFlow strategies) and registers itself. The adapter converts the values, runs this
-object's own reduction or broadcast on their arrays (:meth:`CrossDeviceOps.reduce_arrays`,
-:meth:`CrossDeviceOps.broadcast_arrays`) and returns framework values; NumPy values never reach it.
+The public methods take the public API's options (CommunicationOptions, CollectiveHints, or
+TensorFlow's) and turn them into :class:`~mpidist.collectives.options.CallOptions` once; every
+method below them (``all_reduce_local``, ``reduce_arrays``, ``broadcast_arrays``,
+``implementation_for``: what the strategies and the TensorFlow layer call) takes CallOptions.
+
+This layer takes NumPy (and CuPy) values. TensorFlow values are the public classes' business
+(``mpidist.CrossDeviceOps`` and its subclasses, mpidist/frameworks.py): they hand them to the
+TensorFlow layer, which converts them and runs this object's own reduction or broadcast on their
+arrays (:meth:`CrossDeviceOps.reduce_arrays`, :meth:`CrossDeviceOps.broadcast_arrays`).
 """
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 from typing import Any, Iterable
 
 import numpy as np
 
 from ..collectives import Engine, gpu
-from ..validation import check_bytes_per_pack, check_num_packs, is_integer
 from ..collectives.options import CallOptions
-from .options import CommunicationOptions, as_options
+from ..validation import check_bytes_per_pack, check_num_packs, is_integer
+from .options import call_options_of
 from .reduce_op import ReduceOp, as_reduce_op
 
 _log = logging.getLogger("mpidist")
-
-TF_ADAPTER = "mpidist.tensorflow.cross_device"  # registers the TensorFlow value adapter on import
-_adapters: list[Any] = []
-_tf_adapter_loaded = False
-
-
-def register_value_adapter(adapter: Any) -> None:
-    """Let ``adapter`` take the values it recognises. It has ``handles(value) -> bool`` and
-    ``reduce(ops, op, value, options, where)``, ``batch_reduce(ops, op, values, options, where)``
-    (a list of results) and ``broadcast(ops, value, root, where)``; ``op`` is a ReduceOp and
-    ``options`` a CommunicationOptions. Registering the same adapter twice is a no-op."""
-    for method in ("handles", "reduce", "batch_reduce", "broadcast"):
-        if not callable(getattr(adapter, method, None)):
-            raise TypeError(f"register_value_adapter: `adapter` must have a `{method}` method, got "
-                            f"{type(adapter).__name__}")
-    if adapter not in _adapters:
-        _adapters.append(adapter)
-
-
-def _adapter_for(*values: Any) -> Any | None:
-    """The registered adapter that takes any of ``values``, or None (NumPy values: always None)."""
-    global _tf_adapter_loaded
-    if not _tf_adapter_loaded and "tensorflow" in sys.modules:
-        _tf_adapter_loaded = True
-        try:
-            importlib.import_module(TF_ADAPTER)
-        except ImportError as error:  # an untested TensorFlow: NumPy values must keep working
-            _log.warning("mpidist: CrossDeviceOps cannot take TensorFlow values in this process: %s", error)
-    for adapter in _adapters:
-        if any(adapter.handles(v) for v in values):
-            return adapter
-    return None
 
 
 def local_value(value: Any) -> Any:
@@ -92,7 +61,7 @@ class CrossDeviceOps:
         self._engine: Engine | None = None
 
     # -- binding -------------------------------------------------------------------------------
-    def bind(self, engine: Any) -> "CrossDeviceOps":
+    def bind(self, engine: Any) -> CrossDeviceOps:
         """Run on ``engine`` (a strategy binds its cross_device_ops to its own engine); returns self."""
         self._engine = engine
         return self
@@ -112,60 +81,56 @@ class CrossDeviceOps:
         """Reduce ``per_replica_value`` across replicas; every rank gets the result."""
         where = f"{type(self).__name__}.reduce"
         op = as_reduce_op(reduce_op, where)
-        options = as_options(options, where)
-        adapter = _adapter_for(per_replica_value)
-        if adapter is not None:
-            return adapter.reduce(self, op, per_replica_value, options, where)
-        return self.all_reduce_local(op, local_value(per_replica_value), options, where)
+        return self.all_reduce_local(op, local_value(per_replica_value), call_options_of(options, where), where)
 
     def batch_reduce(self, reduce_op: Any, value_destination_pairs: Iterable[tuple[Any, Any]],
                      options: Any = None) -> list[Any]:
         """Reduce several values in one logical collective; returns one result per pair."""
         where = f"{type(self).__name__}.batch_reduce"
         op = as_reduce_op(reduce_op, where)
-        options = as_options(options, where)
-        values = [v for v, _ in value_destination_pairs]
-        adapter = _adapter_for(*values)
-        if adapter is not None:
-            return list(adapter.batch_reduce(self, op, values, options, where)) if values else []
-        values = [local_value(v) for v in values]
-        return list(self.all_reduce_local(op, values, options, where)) if values else []
+        call = call_options_of(options, where)
+        values = [local_value(v) for v, _ in value_destination_pairs]
+        return list(self.all_reduce_local(op, values, call, where)) if values else []
 
     def broadcast(self, tensor: Any, destinations: Any = None, root: int = 0) -> Any:
         """The value of ``root`` (default rank 0) delivered to every rank."""
-        adapter = _adapter_for(tensor)
-        if adapter is not None:
-            return adapter.broadcast(self, tensor, root, f"{type(self).__name__}.broadcast")
         return self.broadcast_arrays(local_value(tensor), root)
 
-    # -- array level (what value adapters call) ----------------------------------------------------
-    def reduce_arrays(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+    # -- below the API: CallOptions (what the strategies and the TensorFlow layer call) ----------
+    def reduce_arrays(self, reduce_op: Any, value: Any, options: CallOptions | None = None) -> Any:
         """This object's reduction (algorithm, packing, root) of arrays, numbers or a nest of them."""
         where = f"{type(self).__name__}.reduce"
-        return self.all_reduce_local(as_reduce_op(reduce_op, where), value, as_options(options, where), where)
+        return self.all_reduce_local(as_reduce_op(reduce_op, where), value, options or _NOTHING_SET, where)
 
-    def broadcast_arrays(self, value: Any, root: int = 0, timeout_seconds: float | None = None) -> Any:
-        """``root``'s arrays (a nest) on every rank."""
+    def broadcast_arrays(self, value: Any, root: int = 0, options: CallOptions | None = None) -> Any:
+        """``root``'s arrays (a nest) on every rank (``options``: their timeout)."""
+        timeout = None if options is None else options.timeout_seconds
         with gpu.implementation(*self._implementation(None)):
-            return self.engine.broadcast(value, root=root, timeout_seconds=timeout_seconds)
+            return self.engine.broadcast(value, root=root, timeout_seconds=timeout)
 
-    def implementation_for(self, options: Any = None) -> str:
+    def implementation_for(self, options: CallOptions | None = None) -> str:
         """The implementation device buffers take: "auto", "ring" or "nccl" (lower case)."""
-        return self._implementation(as_options(options, type(self).__name__))[0].lower()
+        return self._implementation(options)[0].lower()
 
-    def _implementation(self, options: CommunicationOptions | None) -> tuple[str, str | None]:
+    def _implementation(self, options: CallOptions | None) -> tuple[str, str | None]:
         """(implementation for device buffers, who asked for it): the options' by default."""
-        return (options.implementation.value if options is not None else "auto"), None
+        return (options.implementation if options is not None else "auto"), None
 
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    def engine_options(self, options: CallOptions) -> CallOptions:
+        """What the engine gets for a call with ``options``: this object's algorithm and packing
+        (its ``num_packs`` over the call's ``bytes_per_pack``, its ``bytes_per_pack`` where the call
+        sets none), the call's timeout and compression; the implementation for device buffers is
+        this object's ``gpu.implementation`` block, not an engine option."""
+        packing = self._packing()
+        num_packs = packing.get("num_packs")
+        bpp = None if num_packs is not None else \
+            options.bytes_per_pack if options.bytes_per_pack is not None else packing.get("bytes_per_pack")
+        return CallOptions(bpp, options.timeout_seconds, "auto", num_packs, self.algorithm, options.compression)
+
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
-        kwargs = dict(self._packing(), algorithm=self.algorithm, timeout_seconds=options.timeout_seconds)
-        if options.bytes_per_pack and "num_packs" not in kwargs:
-            kwargs["bytes_per_pack"] = options.bytes_per_pack
-        if options.compression is not None:  # mpidist's extension: no engine keyword, it travels as options=
-            kwargs["options"] = CallOptions(compression=options.compression)
         with gpu.implementation(*self._implementation(options)):
-            return self.engine.allreduce(value, op.value, **kwargs)
+            return self.engine.allreduce(value, op.value, options=self.engine_options(options))
 
     def __repr__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self._packing().items())
@@ -175,16 +140,17 @@ class CrossDeviceOps:
 class MPIAllReduce(CrossDeviceOps):
     """MPI allreduce, flat or hierarchical as the engine picks (``rc.algorithm``)."""
 
-    def __init__(self, bytes_per_pack: int = 0) -> None:
+    def __init__(self, bytes_per_pack: int | None = None) -> None:
         super().__init__()
-        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, "MPIAllReduce")
+        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, "MPIAllReduce", optional=True)
 
     def _packing(self) -> dict[str, Any]:
-        return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack else {}
+        return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack is not None else {}
 
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
-        if type(value) is np.ndarray and not self.bytes_per_pack and not options.bytes_per_pack \
-                and options.timeout_seconds is None and options.compression is None:
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
+        if type(value) is np.ndarray and self.bytes_per_pack is None and options.bytes_per_pack is None \
+                and options.timeout_seconds is None and options.compression is None \
+                and options.num_packs is None and options.algorithm is None:
             # one host array and nothing set per call: the engine's cached fast path, without building
             # per-call arguments (the implementation choice only concerns device arrays)
             return self.engine.allreduce(value, op.value)
@@ -204,10 +170,10 @@ class NcclAllReduce(CrossDeviceOps):
     def _packing(self) -> dict[str, Any]:
         return {"num_packs": self.num_packs}
 
-    def _implementation(self, options: CommunicationOptions | None) -> tuple[str, str | None]:
+    def _implementation(self, options: CallOptions | None) -> tuple[str, str | None]:
         return "nccl", "NcclAllReduce"
 
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         global _nccl_host_told
         if not _nccl_host_told:
             _nccl_host_told = True
@@ -240,7 +206,7 @@ class ReductionToOneDevice(CrossDeviceOps):
         if accumulation_fn is not None:
             _log.info("ReductionToOneDevice: `accumulation_fn` is ignored; the reduction runs in MPI")
 
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         engine, timeout = self.engine, options.timeout_seconds
         if self.root >= engine.size:
             raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
@@ -249,6 +215,9 @@ class ReductionToOneDevice(CrossDeviceOps):
             reduced = engine.reduce(value, op.value, root=self.root, timeout_seconds=timeout)
             return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root,
                                     timeout_seconds=timeout)
+
+
+_NOTHING_SET = CallOptions()
 
 
 def _root_of(device: Any) -> int:

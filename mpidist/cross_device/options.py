@@ -8,9 +8,17 @@ the implementation choice.
 - ``RING``: the MPI path only (the name TensorFlow uses for its non-NCCL collectives).
 - ``NCCL``: NCCL inside the node for GPU buffers; a clear error where NCCL is unavailable.
 
-``timeout_seconds``: None = not set (``rc.timeout_seconds`` applies; when merging, the other
-options' value), 0 = no deadline (TensorFlow's "no timeout"; it wins over ``rc.timeout_seconds``),
-> 0 = seconds. :meth:`CommunicationOptions.call_options` gives the engine's per-call options.
+Each field is None when not set (the default: ``mpidist.rc`` applies; when merging, the other
+options' value), and 0 is a value over ``rc``, as in every layer (mpidist/validation.py):
+
+- ``bytes_per_pack``: None = not set, 0 = automatic packing, > 0 = pack size in bytes
+  (TensorFlow's default is 0 and its objects cannot tell "not set" from 0: their 0 is taken as not
+  set, :func:`as_options`);
+- ``timeout_seconds``: None = not set, 0 = no deadline (TensorFlow's "no timeout"), > 0 = seconds.
+
+These are the public API's options. They become the one per-call options type of every layer
+below, :class:`~mpidist.collectives.options.CallOptions`, once, where they come in
+(:meth:`CommunicationOptions.call_options`; :func:`call_options_of` for an argument).
 
 ``compression`` is an **mpidist extension** (TensorFlow's CommunicationOptions has no such
 argument): "float16" or "bfloat16" sends float32 SUM/MEAN allreduce data in that format and sums
@@ -25,7 +33,6 @@ from typing import Any
 from ..collectives.options import IMPLEMENTATIONS, CallOptions, CommunicationImplementation
 from ..validation import check_bytes_per_pack, check_choice, check_compression, check_timeout
 
-
 CollectiveCommunication = CommunicationImplementation
 
 
@@ -33,42 +40,44 @@ def _implementation(value: Any, where: str) -> CommunicationImplementation:
     if isinstance(value, CommunicationImplementation):
         return value
     # TensorFlow's own enum members work too (by name)
-    return CommunicationImplementation[check_choice(value, where, "implementation", IMPLEMENTATIONS, upper=True).upper()]
+    name = check_choice(value, where, "implementation", IMPLEMENTATIONS, upper=True)
+    return CommunicationImplementation[name.upper()]
 
 
 class CommunicationOptions:
     """Options for cross-replica communication (``tf.distribute.experimental.CommunicationOptions``).
 
-    ``bytes_per_pack``: pack size for nests (0 = automatic); ``timeout_seconds``: deadline of each
-    collective (None = not set: ``rc.timeout_seconds``; 0 = no deadline); ``implementation``:
+    ``bytes_per_pack``: pack size for nests (None = not set: ``rc.bytes_per_pack``; 0 = automatic);
+    ``timeout_seconds``: deadline of each collective (None = not set: ``rc.timeout_seconds``; 0 =
+    no deadline); ``implementation``:
     AUTO, RING or NCCL; ``compression`` (mpidist only, keyword): none, float16 or bfloat16 for
     float32 SUM/MEAN allreduce data on the wire (None = not set: ``rc.compression``).
     """
 
     __slots__ = ("bytes_per_pack", "timeout_seconds", "implementation", "compression")
 
-    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None,
+    def __init__(self, bytes_per_pack: int | None = None, timeout_seconds: float | None = None,
                  implementation: Any = CommunicationImplementation.AUTO, *, compression: Any = None) -> None:
         where = "CommunicationOptions"
-        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, where)
+        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, where, optional=True)
         self.timeout_seconds = check_timeout(timeout_seconds, where)
         self.implementation = _implementation(implementation, where)
         self.compression = check_compression(compression, where, optional=True)
 
-    def merge(self, other: "CommunicationOptions | None") -> "CommunicationOptions":
+    def merge(self, other: CommunicationOptions | None) -> CommunicationOptions:
         """``other``'s non-default fields over this one's (TensorFlow's merge rule)."""
         if other is None:
             return self
         return CommunicationOptions(
-            other.bytes_per_pack or self.bytes_per_pack,
+            other.bytes_per_pack if other.bytes_per_pack is not None else self.bytes_per_pack,
             other.timeout_seconds if other.timeout_seconds is not None else self.timeout_seconds,
             other.implementation if other.implementation is not CommunicationImplementation.AUTO
             else self.implementation,
             compression=other.compression if other.compression is not None else self.compression)
 
     def call_options(self) -> CallOptions:
-        """These options as the engine's per-call options (0 bytes_per_pack: not set)."""
-        return CallOptions(self.bytes_per_pack or None, self.timeout_seconds, self.implementation.value.lower(),
+        """These options as the per-call options of every layer below (the one conversion)."""
+        return CallOptions(self.bytes_per_pack, self.timeout_seconds, self.implementation.value.lower(),
                            compression=self.compression)
 
     def __eq__(self, other: object) -> bool:
@@ -82,11 +91,11 @@ class CommunicationOptions:
 
 
 class CollectiveHints(CommunicationOptions):
-    """Deprecated TensorFlow name: ``CollectiveHints(bytes_per_pack=0, timeout_seconds=None)``."""
+    """Deprecated TensorFlow name: ``CollectiveHints(bytes_per_pack=None, timeout_seconds=None)``."""
 
     __slots__ = ()
 
-    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: float | None = None) -> None:
+    def __init__(self, bytes_per_pack: int | None = None, timeout_seconds: float | None = None) -> None:
         super().__init__(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)
 
 
@@ -96,9 +105,28 @@ def as_options(value: Any, where: str) -> CommunicationOptions:
         return CommunicationOptions()
     if isinstance(value, CommunicationOptions):
         return value
-    if hasattr(value, "bytes_per_pack") and hasattr(value, "timeout_seconds"):
-        return CommunicationOptions(value.bytes_per_pack, value.timeout_seconds,
+    if hasattr(value, "bytes_per_pack") and hasattr(value, "timeout_seconds"):  # TensorFlow's: 0 is its default
+        return CommunicationOptions(value.bytes_per_pack or None, value.timeout_seconds,
                                     getattr(value, "implementation", CommunicationImplementation.AUTO),
                                     compression=getattr(value, "compression", None))
     raise TypeError(f"{where}: `options` must be a CommunicationOptions (or CollectiveHints), "
                     f"got {type(value).__name__}")
+
+
+def hints_and_options(options: Any, experimental_hints: Any, where: str) -> CommunicationOptions | None:
+    """``experimental_hints`` (CollectiveHints, TensorFlow 2.2-2.4's keyword) with ``options``' set
+    fields over it, as one CommunicationOptions (ours or TensorFlow's objects); None when neither
+    is given."""
+    if experimental_hints is None:
+        return None if options is None else as_options(options, where)
+    return as_options(experimental_hints, where).merge(as_options(options, where))
+
+
+def call_options_of(options: Any, where: str, experimental_hints: Any = None) -> CallOptions:
+    """A call's ``options`` (and ``experimental_hints``) argument as the per-call options of the
+    layers below: the one conversion at the API's edge."""
+    merged = hints_and_options(options, experimental_hints, where)
+    return _NOTHING_SET if merged is None else merged.call_options()
+
+
+_NOTHING_SET = CallOptions()

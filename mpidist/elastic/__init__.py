@@ -18,10 +18,12 @@
 Launch with ``mpirun --with-ft ulfm --mca mpi_ft_detector true``; see docs/elastic.md. Nothing
 here imports TensorFlow; TensorFlowKerasState (mpidist.elastic.keras_state) loads it when first used.
 """
-from .run import Recovery, recoveries, run, shutdown, world_rank
 from .preemption import Preemption, on_preemption, read_checkpoint
+from .run import Recovery, recoveries, run, shutdown, world_rank
 from .state import ObjectState, State
-from .ulfm import active as ulfm_active, status as ulfm_status
+from .ulfm import active as ulfm_active
+from .ulfm import status as ulfm_status
+
 
 def __getattr__(name: str):
     if name == "TensorFlowKerasState":  # imports TensorFlow
@@ -33,5 +35,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mpidist.elastic' has no attribute {name!r}")
 
 
-__all__ = ["TensorFlowKerasState", "CommitStateCallback", "UpdateEpochStateCallback", "State", "ObjectState", "run", "shutdown", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status", "on_preemption",
+__all__ = ["TensorFlowKerasState", "CommitStateCallback", "UpdateEpochStateCallback", "State", "ObjectState", "run",
+           "shutdown", "Recovery", "recoveries", "world_rank", "ulfm_active", "ulfm_status", "on_preemption",
            "Preemption", "read_checkpoint"]

@@ -30,7 +30,7 @@ def _check_state(name: str, state: Any) -> None:
         raise TypeError(f"{name}: `state` must be an mpidist.elastic State, got {type(state).__name__}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def classes() -> dict[str, type]:
     """{"CommitStateCallback": ..., "UpdateEpochStateCallback": ...}: Keras callbacks (imports Keras)."""
     import keras

@@ -17,11 +17,15 @@ class TensorFlowKerasState(State):
     committed with it, as in :class:`~mpidist.elastic.ObjectState`.
     """
 
+    _model: Any  # set with object.__setattr__: not committed attributes
+    _optimizer: Any
+
     def __init__(self, strategy: Any, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("epoch", 0)
         kwargs.setdefault("batch", 0)
         object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "_optimizer", optimizer if optimizer is not None else getattr(model, "optimizer", None))
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        object.__setattr__(self, "_optimizer", optimizer)
         super().__init__(strategy, **kwargs)
 
     @property

@@ -77,7 +77,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             ok, result, error = True, None, None
             try:
                 result = func(state, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - only lost ranks are recovered, the rest re-raised
+            except Exception as exc:  # any error: only lost ranks are recovered, the rest re-raised
                 if not _ranks_lost(state, exc):
                     raise
                 ok, error, seen = False, exc, time.monotonic()

@@ -20,6 +20,13 @@ class State:
     of the constructor) is committed with it.
     """
 
+    # set with object.__setattr__ (public attributes set the usual way are committed ones)
+    _strategy: Any
+    _committed: Any
+    _reset_callbacks: list[Callable[[], None]]
+    _commit_hooks: list[Callable[[State], None]]
+    commits: int
+
     def __init__(self, strategy: Any, **kwargs: Any) -> None:
         if not hasattr(strategy, "engine"):
             raise TypeError(f"{type(self).__name__}: `strategy` must be an mpidist strategy (with an `engine`), "
@@ -70,7 +77,7 @@ class State:
         """The last commit (what :meth:`save` returned then), or None before the first one."""
         return self._committed
 
-    def add_commit_hook(self, hook: Callable[["State"], None]) -> None:
+    def add_commit_hook(self, hook: Callable[[State], None]) -> None:
         """``hook(state)`` runs after each commit (``on_preemption`` uses it; it may communicate)."""
         self._commit_hooks.append(hook)
 

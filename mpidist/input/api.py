@@ -1,4 +1,5 @@
-"""The strategy methods that distribute input (installed on Strategy by ``mpidist.input``)."""
+"""What the strategies' dataset methods do (``Strategy.experimental_distribute_dataset`` and the others
+call these; ``strategy`` is any object with ``extended.engine`` and ``num_replicas_in_sync``)."""
 from __future__ import annotations
 
 import logging

@@ -79,7 +79,7 @@ class DistributedDataset:
         """A fresh iterable of this rank's elements."""
         return self._make_source()
 
-    def __iter__(self) -> "DistributedIterator":
+    def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
 
     @property
@@ -99,7 +99,7 @@ class DistributedIterator:
         self._template: tuple[list[tuple[np.dtype, tuple]], Any] | None = None
         self._exhausted = False
 
-    def __iter__(self) -> "DistributedIterator":
+    def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
@@ -165,5 +165,8 @@ class DistributedIterator:
                 self._template = template
 
     def _empty(self) -> Any:
-        specs, tree = self._template  # type: ignore[misc]
+        if self._template is None:  # only called once a rank shared its template
+            raise RuntimeError("DistributedIterator: no rank has produced a batch yet, so the shape of an "
+                               "empty one is unknown")
+        specs, tree = self._template
         return nest.unflatten(tree, [np.empty((0,) + tuple(shape), dtype=dtype) for dtype, shape in specs])

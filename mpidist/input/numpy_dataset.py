@@ -29,12 +29,12 @@ class NumpyDataset:
         self._arrays, self._tree, self._order = arrays, tree, _order
         self.num_examples = lengths.pop()
 
-    def shuffle(self, seed: int) -> "NumpyDataset":
+    def shuffle(self, seed: int) -> NumpyDataset:
         """The same examples in an order fixed by ``seed`` (equal on every rank)."""
         order = np.random.default_rng(seed).permutation(self.num_examples)
         return NumpyDataset(nest.unflatten(self._tree, self._arrays), order)
 
-    def batch(self, global_batch_size: int, drop_remainder: bool = False) -> "BatchedNumpyDataset":
+    def batch(self, global_batch_size: int, drop_remainder: bool = False) -> BatchedNumpyDataset:
         global_batch_size = check_int_at_least(global_batch_size, "NumpyDataset.batch", "global_batch_size", 1)
         return BatchedNumpyDataset(self, global_batch_size, drop_remainder)
 

@@ -1,4 +1,5 @@
-"""Keras 3 and ``tf.train.Checkpoint`` under mpidist strategies: what one process would do.
+"""Keras 3, Keras 2 (tf_keras) and ``tf.train.Checkpoint`` under mpidist strategies: what one
+process would do.
 
 Installed when an mpidist TensorFlow strategy is built (``install()``: once, idempotent). Each
 module patches one topic, each patch acting only for a model or checkpoint of a multi-rank mpidist
@@ -11,7 +12,10 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
 - ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write`` on every rank: the chief writes.
 
-``patching.installed()`` lists the patches in place.
+``patching.installed()`` lists the patches in place. Keras 2 (tf_keras: ``tf.keras`` under
+``TF_USE_LEGACY_KERAS=1``, or tf_keras imported by the program) gets ``predict`` and ``shuffle``;
+its own multi-worker code already keeps ModelCheckpoint and TensorBoard writes to the chief
+(``extended.should_checkpoint``), and ``flavor`` tells which Keras a program uses.
 """
 from __future__ import annotations
 
@@ -39,8 +43,14 @@ def install(strategy=None) -> None:
 
 def _install() -> None:
     global _done
-    from . import tf_checkpoint
+    import sys
+
+    from . import flavor, tf_checkpoint
     tf_checkpoint.install()
+    if flavor.is_keras2() or "tf_keras" in sys.modules:
+        from . import predict, shuffle
+        predict.install_keras2()
+        shuffle.install_keras2()
     try:
         import keras
     except ImportError:  # TensorFlow without Keras: nothing more to patch

@@ -9,9 +9,22 @@ for the README's list.
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable
 
 _PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) -> (owner, name, original)
+
+# Keras 2 (tf_keras: ``tf.keras`` under TF_USE_LEGACY_KERAS=1) modules whose functions the patches
+# wrap, named here only (tested with tf_keras 2.16 to 2.21).
+TF_KERAS_INTERNALS = {
+    "training": "tf_keras.src.engine.training",  # reduce_per_replica: predict's "concat" of replicas
+    "data_adapter": "tf_keras.src.engine.data_adapter",  # TensorLikeDataAdapter: fit(shuffle=True)'s permutation
+}
+
+
+def tf_keras_internal(name: str) -> Any:
+    """The tf_keras module of ``TF_KERAS_INTERNALS[name]`` (imports it)."""
+    return importlib.import_module(TF_KERAS_INTERNALS[name])
 
 
 def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
@@ -20,7 +33,7 @@ def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> N
     if key in _PATCHES:
         return
     original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    wrapped = make(original)
+    wrapped: Any = make(original)  # a function, marked below as ours
     if callable(original) and not isinstance(original, (staticmethod, classmethod)):
         functools.update_wrapper(wrapped, original)
     wrapped.__mpidist_patch__ = True
@@ -64,4 +77,5 @@ def child_strategies(trackable: Any) -> list[Any]:
     """The strategies (or None) of the objects a ``tf.train.Checkpoint``-like object tracks
     (TensorFlow's ``_trackable_children`` and each child's ``_distribute_strategy``)."""
     children = getattr(trackable, "_trackable_children", None)
-    return [getattr(child, "_distribute_strategy", None) for child in (children().values() if callable(children) else ())]
+    found = children().values() if callable(children) else ()
+    return [getattr(child, "_distribute_strategy", None) for child in found]

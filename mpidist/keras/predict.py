@@ -12,6 +12,11 @@ nothing. Other reductions are Keras's own.
 
 ``predict_on_batch(x)`` does not shard ``x``: each rank predicts its own ``x`` and gets its own
 rows (no gather), through a predict function of its own.
+
+Keras 2 (tf_keras) has the same ``reduce_per_replica`` (tf_keras/src/engine/training.py), gathering
+only under TensorFlow's MultiWorkerMirroredStrategy: the same patch (``install_keras2``). There
+``predict_on_batch(x)`` shards ``x`` over the ranks like ``predict``, so it gathers too, as under
+TensorFlow's strategy with Keras 2.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from typing import Any, Callable
 from . import patching
 
 _LOCAL = contextvars.ContextVar("mpidist_keras_local_predict", default=False)
-_local_functions: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_local_functions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def gather_outputs(values: Any, strategy: Any) -> Any:
@@ -68,3 +73,7 @@ def install() -> None:
     from keras.src.backend.tensorflow import trainer
     patching.patch(trainer, "reduce_per_replica", _reduce_per_replica)
     patching.patch(trainer.TensorFlowTrainer, "predict_on_batch", _predict_on_batch)
+
+
+def install_keras2() -> None:
+    patching.patch(patching.tf_keras_internal("training"), "reduce_per_replica", _reduce_per_replica)

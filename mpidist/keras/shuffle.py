@@ -16,6 +16,10 @@ made from (base, k):
   (base, k) and a counter advanced once per permutation: a new permutation every epoch, the same
   on every rank.
 
+Keras 2 (tf_keras) builds that pipeline in ``TensorLikeDataAdapter.__init__``, with the
+``tf.random.shuffle`` of its own ``tensorflow.compat.v2`` module: the same replacement there
+(``install_keras2``).
+
 Ranks must build their shuffled pipelines in the same order (as SPMD programs do). A dataset
 built before the strategy is not covered. The base comes from the widest strategy built so far
 (a node-local MirroredStrategy built later does not replace a MultiWorkerMirroredStrategy's).
@@ -23,13 +27,20 @@ built before the strategy is not covered. The base comes from the widest strateg
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import numpy as np
 
 from . import patching
 
-_state = {"base": None, "count": 0, "size": 0}
+
+class _Seeds(TypedDict):
+    base: int | None  # the agreed base seed (None: no multi-rank strategy yet)
+    count: int        # seeds handed out since the base was agreed
+    size: int         # ranks of the widest strategy so far
+
+
+_state: _Seeds = {"base": None, "count": 0, "size": 0}
 _DEFAULT_GRAPH_SEED = 87654321  # what TensorFlow reports as the global seed when none is set
 
 
@@ -45,7 +56,7 @@ def register(strategy: Any) -> None:
     mine = np.array([random.SystemRandom().getrandbits(62)], dtype=np.int64)
     base = int(strategy.engine.broadcast(mine, root=0)[0])
     if strategy.engine.size >= _state["size"]:
-        _state.update(base=base, count=0, size=strategy.engine.size)
+        _state.update({"base": base, "count": 0, "size": strategy.engine.size})
 
 
 def _global_seed_set() -> bool:
@@ -55,10 +66,11 @@ def _global_seed_set() -> bool:
 
 def next_seed() -> int | None:
     """The next agreed seed, or None (no multi-rank strategy yet, or a global seed is set)."""
-    if _state["base"] is None or _global_seed_set():
+    base = _state["base"]
+    if base is None or _global_seed_set():
         return None
     _state["count"] += 1
-    return int(np.random.SeedSequence([_state["base"], _state["count"]]).generate_state(1, np.uint32)[0])
+    return int(np.random.SeedSequence([base, _state["count"]]).generate_state(1, np.uint32)[0])
 
 
 def _dataset_shuffle(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,3 +116,24 @@ def install() -> None:
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     patching.patch(tf.data.Dataset, "shuffle", _dataset_shuffle)
     patching.patch(ArrayDataAdapter, "get_tf_dataset", _array_get_tf_dataset)
+
+
+def _keras2_array_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        seed = next_seed() if kwargs.get("shuffle") else None
+        if seed is None:
+            return original(self, *args, **kwargs)
+        random = patching.tf_keras_internal("data_adapter").tf.random  # tf_keras's tensorflow.compat.v2
+        real = random.shuffle
+        random.shuffle = _agreed_random_shuffle(seed, real)  # only while tf_keras builds the pipeline
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            random.shuffle = real
+    return __init__
+
+
+def install_keras2() -> None:
+    import tensorflow as tf
+    patching.patch(tf.data.Dataset, "shuffle", _dataset_shuffle)
+    patching.patch(patching.tf_keras_internal("data_adapter").TensorLikeDataAdapter, "__init__", _keras2_array_init)

@@ -1,10 +1,10 @@
 """Strategy and StrategyExtended without TensorFlow: one replica per rank, values are NumPy (or
 anything the engine's array adapters take).
 
-When TensorFlow has been imported, the concrete strategies build mpidist's genuine
-``tf.distribute.Strategy`` subclasses instead (see backends.py); the API is the same, and
-``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for either
-(docs/design.md, "Strategies in two modes").
+The classes here always build on NumPy. The public classes (``mpidist.frameworks``, the top layer)
+build mpidist's genuine ``tf.distribute.Strategy`` instead when TensorFlow is in use; the API is the
+same, and ``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for
+either (docs/design.md, "Strategies in two modes").
 """
 from __future__ import annotations
 
@@ -15,73 +15,67 @@ from typing import Any, Callable, Iterator
 from mpi4py import MPI
 
 from ..collectives import Engine
-from ..cross_device import (CommunicationOptions, CrossDeviceOps, MPIAllReduce, ReduceOp, as_options,
-                            as_reduce_op)
-from .._config import rc
+from ..collectives.options import CallOptions
+from ..cross_device import (
+    CommunicationOptions,
+    CrossDeviceOps,
+    MPIAllReduce,
+    ReduceOp,
+    as_options,
+    as_reduce_op,
+    hints_and_options,
+)
+from ..input import api as input_api
 from ..values import PerReplica, ValueContext
 from . import context
-from .context import hints_and_options
 from .reductions import gather_along_axis, map_local, reduce_along_axis
 
-
-_input_layer: list[Any] = []
-
-
-def register_input_layer(module: Any) -> None:
-    """Called by ``mpidist.input`` (the layer above) to provide the dataset methods."""
-    _input_layer[:] = [module]
-
-
-def _input(where: str) -> Any:
-    if not _input_layer:
-        raise RuntimeError(f"{where}: the input layer is not loaded; `import mpidist` loads it")
-    return _input_layer[0]
-
-
-# A strategy built in TensorFlow mode -> the mpidist class whose constructor built it.
-_built_by: "weakref.WeakKeyDictionary[Any, type]" = weakref.WeakKeyDictionary()
-_frameworks: dict[type, str] = {}  # class -> the framework it always builds on (class keyword `framework=`)
+# A strategy built on another framework -> the mpidist class whose constructor built it.
+_built_by: weakref.WeakKeyDictionary[Any, type] = weakref.WeakKeyDictionary()
+# class -> (the framework it stands for, the class whose instances it narrows): class keyword `framework=`
+_frameworks: dict[type, tuple[str, type]] = {}
+FRAMEWORKS = ("auto", "numpy", "tensorflow")
 
 
 class StrategyType(type):
     """The metaclass of mpidist's strategies.
 
-    With TensorFlow imported, ``mpidist.MultiWorkerMirroredStrategy(...)`` returns a genuine
-    ``tf.distribute.Strategy``, which cannot also derive from this module's classes. This metaclass
+    A constructor may return a strategy of another framework (mpidist's genuine
+    ``tf.distribute.Strategy``), which cannot also derive from this module's classes. This metaclass
     remembers which class built such an object, so that ``isinstance(s, C)`` is true when ``C`` is
     that class or one of its bases (``mpidist.Strategy`` included), in both modes.
 
-    A subclass declared with ``framework="numpy"`` or ``framework="tensorflow"`` builds on that
-    framework whatever ``rc.framework`` says (``mpidist.numpy``, ``mpidist.tensorflow``), and its
-    instances are the strategies of its base class built on that framework, however they were built.
+    A subclass declared with ``framework=`` narrows or widens its base class ``B`` (the nearest
+    strategy class without that keyword): ``"numpy"`` / ``"tensorflow"``: its instances are the
+    ``B`` strategies built on that framework (``mpidist.numpy.X``, ``mpidist.tensorflow.X``), however
+    they were built; ``"auto"``: every ``B`` strategy (the public classes, which choose the framework
+    when called: ``mpidist.frameworks``), and ``issubclass`` answers as for ``B``.
     """
 
-    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> "StrategyType":
+    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> StrategyType:
         cls = super().__new__(mcs, name, bases, namespace)
-        framework = framework or next((_frameworks[b] for b in bases if b in _frameworks), None)
+        inherited = next((_frameworks[b][0] for b in bases if b in _frameworks), None)
+        framework = framework or inherited
         if framework is not None:
-            if framework not in ("numpy", "tensorflow"):
-                raise ValueError(f"{name}: `framework` must be 'numpy' or 'tensorflow', got {framework!r}")
-            _frameworks[cls] = framework
+            if framework not in FRAMEWORKS:
+                raise ValueError(f"{name}: `framework` must be one of {', '.join(map(repr, FRAMEWORKS))}, "
+                                 f"got {framework!r}")
+            base = next(c for c in cls.__mro__[1:] if isinstance(c, StrategyType) and c not in _frameworks)
+            _frameworks[cls] = (framework, base)
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        framework = _frameworks.get(cls)
-        if framework is None:
-            strategy = super().__call__(*args, **kwargs)
-        else:
-            with rc.override(framework=framework):
-                strategy = super().__call__(*args, **kwargs)
+        strategy = super().__call__(*args, **kwargs)
         if not type.__instancecheck__(cls, strategy):  # built on TensorFlow: not one of ours by type
             _built_by[strategy] = cls
         return strategy
 
     def __instancecheck__(cls, instance: Any) -> bool:
-        framework = _frameworks.get(cls)
-        if framework is not None:  # mpidist.numpy.X / mpidist.tensorflow.X: mpidist.X on that framework
-            base = next(c for c in cls.__mro__ if c not in _frameworks)
-            on_numpy = type.__instancecheck__(Strategy, instance)
-            return isinstance(instance, base) and on_numpy == (framework == "numpy")
+        if cls in _frameworks:  # mpidist.X (auto), mpidist.numpy.X, mpidist.tensorflow.X: mpidist.X on that framework
+            framework, base = _frameworks[cls]
+            if not isinstance(instance, base):
+                return False
+            return framework == "auto" or type.__instancecheck__(Strategy, instance) == (framework == "numpy")
         if type.__instancecheck__(cls, instance):
             return True
         try:
@@ -90,15 +84,21 @@ class StrategyType(type):
             return False
         return built_by is not None and issubclass(built_by, cls)
 
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        if cls in _frameworks and _frameworks[cls][0] == "auto":
+            return issubclass(subclass, _frameworks[cls][1])
+        return type.__subclasscheck__(cls, subclass)
+
 
 class StrategyExtended:
     """The extended API: explicit reductions, broadcasts and updates, and device/role facts."""
 
-    def __init__(self, container: "Strategy", engine: Engine, options: CommunicationOptions,
+    def __init__(self, container: Strategy, engine: Engine, options: CommunicationOptions,
                  cross_device_ops: CrossDeviceOps | None = None) -> None:
         self._container = container
         self._engine = engine
         self._options = options
+        self._default_call = options.call_options()
         self._cross_device_ops = (cross_device_ops or MPIAllReduce()).bind(engine)
 
     # -- facts ---------------------------------------------------------------------------------
@@ -111,6 +111,11 @@ class StrategyExtended:
     def options(self) -> CommunicationOptions:
         """The strategy's CommunicationOptions (the defaults of every call)."""
         return self._options
+
+    @property
+    def default_call_options(self) -> CallOptions:
+        """The strategy's options as the per-call options of the layers below."""
+        return self._default_call
 
     @property
     def rank(self) -> int:
@@ -147,22 +152,24 @@ class StrategyExtended:
             raise RuntimeError(f"{where}: the strategy was closed (strategy.close(), or the end of its `with` "
                                f"block), which freed its communicators; build a new strategy")
 
-    def call_options(self, options: Any, experimental_hints: Any, where: str) -> CommunicationOptions:
-        """The strategy's options with a call's ``options`` and ``experimental_hints`` merged over them."""
-        if options is None and experimental_hints is None:  # the common case: nothing to merge
-            return self._options
-        return self._options.merge(hints_and_options(options, experimental_hints, where))
+    def call_options(self, options: Any, where: str) -> CallOptions:
+        """The per-call options of a call whose ``options`` argument (ours or TensorFlow's
+        CommunicationOptions, or None) is merged over the strategy's: the one conversion, at the API's
+        edge (as MPIExtended.call_options). Combine ``experimental_hints`` first (hints_and_options)."""
+        if options is None:  # the common case: nothing to merge
+            return self._default_call
+        return self._options.merge(as_options(options, where)).call_options()
 
-    def all_reduce(self, op: ReduceOp, value: Any, options: CommunicationOptions) -> Any:
+    def all_reduce(self, op: ReduceOp, value: Any, options: CallOptions) -> Any:
         """Reduce this rank's ``value`` (a nest) across replicas with ``options`` (already merged)."""
         if self._container.closed:
             self.check_open(f"{type(self._container).__name__}: all_reduce")
         return self._cross_device_ops.all_reduce_local(op, map_local(value), options, "all_reduce")
 
-    def gather(self, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+    def gather(self, value: Any, axis: Any, options: CallOptions, where: str) -> Any:
         """Concatenate every replica's ``value`` along ``axis`` (``where`` names the caller)."""
         self.check_open(where)
-        return gather_along_axis(self._engine, value, axis, self._options.merge(options), where)
+        return gather_along_axis(self._engine, value, axis, options, where)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any = None, options: Any = None,
                   experimental_hints: Any = None) -> Any:
@@ -170,7 +177,8 @@ class StrategyExtended:
         and ignored: one device per rank)."""
         where = f"{type(self._container).__name__}.extended.reduce_to"
         op = as_reduce_op(reduce_op, where)
-        return self.all_reduce(op, value, self.call_options(options, experimental_hints, where))
+        return self.all_reduce(op, value, self.call_options(hints_and_options(options, experimental_hints, where),
+                                                            where))
 
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
                         experimental_hints: Any = None) -> list[Any]:
@@ -180,7 +188,8 @@ class StrategyExtended:
         values = [v for v, _ in value_destination_pairs]
         if not values:
             return []
-        return list(self.all_reduce(op, values, self.call_options(options, experimental_hints, where)))
+        call = self.call_options(hints_and_options(options, experimental_hints, where), where)
+        return list(self.all_reduce(op, values, call))
 
     def broadcast_to(self, tensor: Any, destinations: Any = None) -> Any:
         """Rank 0's value on every rank."""
@@ -232,7 +241,7 @@ class Strategy(metaclass=StrategyType):
             self._closed = True
             self._extended.engine.close()
 
-    def __enter__(self) -> "Strategy":
+    def __enter__(self) -> Strategy:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -251,7 +260,7 @@ class Strategy(metaclass=StrategyType):
         return self._cluster_resolver
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator["Strategy"]:
+    def scope(self) -> Iterator[Strategy]:
         """Make this strategy current (cross-replica context) inside the ``with`` block."""
         context.push(self, None)
         try:
@@ -278,14 +287,15 @@ class Strategy(metaclass=StrategyType):
         where = f"{type(self).__name__}.reduce"
         self._extended.check_open(where)
         op = as_reduce_op(reduce_op, where)
-        opts = self._extended.call_options(options, experimental_hints, where)
+        opts = self._extended.call_options(hints_and_options(options, experimental_hints, where), where)
         if axis is None:
             return self._extended.all_reduce(op, value, opts)
         return reduce_along_axis(self._extended.engine, op, value, axis, opts, where)
 
     def gather(self, value: Any, axis: Any) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ per rank)."""
-        return self._extended.gather(value, axis, CommunicationOptions(), f"{type(self).__name__}.gather")
+        return self._extended.gather(value, axis, self._extended.default_call_options,
+                                     f"{type(self).__name__}.gather")
 
     def experimental_local_results(self, value: Any) -> tuple[Any]:
         """The values of the local replicas: a 1-tuple (one replica per rank)."""
@@ -297,19 +307,18 @@ class Strategy(metaclass=StrategyType):
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Per-replica batches for this rank from an iterable of global batches (see mpidist.input)."""
         self._extended.check_open(f"{type(self).__name__}.experimental_distribute_dataset")
-        return _input("experimental_distribute_dataset").distribute_dataset(self, dataset, options)
+        return input_api.distribute_dataset(self, dataset, options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any = None) -> Any:
         """``dataset_fn(InputContext)`` builds this rank's input pipeline (see mpidist.input)."""
         self._extended.check_open(f"{type(self).__name__}.distribute_datasets_from_function")
-        return _input("distribute_datasets_from_function").distribute_datasets_from_function(
-            self, dataset_fn, options)
+        return input_api.distribute_datasets_from_function(self, dataset_fn, options)
 
     experimental_distribute_datasets_from_function = distribute_datasets_from_function
 
     def experimental_make_numpy_dataset(self, numpy_input: Any) -> Any:
         """An in-memory dataset of examples along axis 0; ``.batch(global_batch_size)`` it."""
-        return _input("experimental_make_numpy_dataset").make_numpy_dataset(self, numpy_input)
+        return input_api.make_numpy_dataset(self, numpy_input)
 
     def default_replica_context(self) -> context.ReplicaContext:
         """The replica context outside ``run`` (replica id: this rank)."""

@@ -1,23 +1,31 @@
 """The concrete strategies, with TensorFlow's constructor signatures plus ``comm=``.
 
 Each builds its engine from MPI: MultiWorkerMirrored and CentralStorage over the whole
-communicator, Mirrored over the ranks of this node, OneDevice over this rank alone. When TensorFlow
-has been imported, constructing one returns mpidist's genuine ``tf.distribute.Strategy`` of the same
-kind instead (see backends.py).
+communicator, Mirrored over the ranks of this node, OneDevice over this rank alone. These classes
+always build on NumPy. Their ``_setup`` (engine, options, cross-device ops, resolver, the rest) is
+shared with the TensorFlow classes (``mpidist.tensorflow.X``, which build mpidist's genuine
+``tf.distribute.Strategy`` from it); the public classes (``mpidist.X``, mpidist/frameworks.py)
+choose between the two when called.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from mpi4py import MPI
 
+from ..cluster_resolver import MPIClusterResolver
 from ..collectives import Engine, gpu
-from ..cross_device import (CommunicationImplementation, CommunicationOptions, CrossDeviceOps, MPIAllReduce,
-                            ReductionToOneDevice, as_options)
+from ..cross_device import (
+    CommunicationImplementation,
+    CommunicationOptions,
+    CrossDeviceOps,
+    MPIAllReduce,
+    ReductionToOneDevice,
+    as_options,
+)
 from ..errors import GpuUnavailableError
 from ..topology import Topology, validate_comm
-from . import backends
 from .base import Strategy, StrategyExtended
 
 _log = logging.getLogger("mpidist")
@@ -36,20 +44,10 @@ def _resolver_comm(cluster_resolver: Any, comm: Any, where: str) -> Any:
     return resolver_comm
 
 
-_resolver_factory: list[Any] = []  # MPIClusterResolver, registered by the public namespace (a higher layer)
-
-
-def register_cluster_resolver(factory: Any) -> None:
-    """Called by ``mpidist.experimental``: what builds MultiWorkerMirroredStrategy's default resolver."""
-    _resolver_factory[:] = [factory]
-
-
 def _default_resolver(cluster_resolver: Any, comm: Any) -> Any:
     """The resolver given, else an MPIClusterResolver of ``comm`` (collective over ``comm``, as
     building the strategy is), as TensorFlow's MWMS defaults to a TFConfigClusterResolver."""
-    if cluster_resolver is not None or not _resolver_factory:
-        return cluster_resolver
-    return _resolver_factory[0](comm)
+    return MPIClusterResolver(comm) if cluster_resolver is None else cluster_resolver
 
 
 def _check_implementation(options: CommunicationOptions, engine: Engine, where: str) -> None:
@@ -73,31 +71,27 @@ def _bind_gpu(engine: Engine) -> None:
         gpu.bind_device(engine.topology)
 
 
-class _Dispatching(Strategy):
-    """Builds the TensorFlow variant when TensorFlow is loaded; subclasses define ``_setup``."""
+# What a strategy is built from: engine, options, cross-device ops, cluster resolver, the rest (devices)
+Parts = tuple[Engine, CommunicationOptions, "CrossDeviceOps | None", Any, dict[str, Any]]
 
-    _kind = ""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if backends.tensorflow_loaded():
-            engine, options, cross_ops, resolver, extra = cls._setup(*args, **kwargs)
-            _bind_gpu(engine)
-            return backends.make_tf_strategy(cls._kind, engine, options, cross_device_ops=cross_ops,
-                                             cluster_resolver=resolver, **extra)
-        return super().__new__(cls)
+class _Concrete(Strategy):
+    """A strategy built from its constructor's arguments; subclasses define ``_setup``, which
+    builds the engine (collective), binds this rank's GPU and returns the parts (``Parts``) that
+    the NumPy strategy here and the TensorFlow one (``mpidist.tensorflow.X``) are made of."""
+
+    _kind = ""  # the TensorFlow strategy this class stands for (mpidist.tensorflow.KINDS)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         engine, options, cross_ops, resolver, _ = self._setup(*args, **kwargs)
-        _bind_gpu(engine)
         super().__init__(engine, options, cross_ops, resolver)
 
     @classmethod
-    def _setup(cls, *args: Any, **kwargs: Any) -> tuple[Engine, CommunicationOptions, CrossDeviceOps | None,
-                                                        Any, dict[str, Any]]:
+    def _setup(cls, *args: Any, **kwargs: Any) -> Parts:
         raise NotImplementedError
 
 
-class MultiWorkerMirroredStrategy(_Dispatching):
+class MultiWorkerMirroredStrategy(_Concrete):
     """Synchronous data parallelism over every rank of ``comm`` (default COMM_WORLD).
 
     ``MultiWorkerMirroredStrategy(cluster_resolver=None, communication_options=None, *, comm=None)``.
@@ -107,14 +101,16 @@ class MultiWorkerMirroredStrategy(_Dispatching):
 
     @classmethod
     def _setup(cls, cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None,
-               _communication: Any = None) -> Any:
+               _communication: Any = None) -> Parts:
         where = cls.__name__
         comm = validate_comm(_resolver_comm(cluster_resolver, comm, where), where)
         options = as_options(communication_options, where)
         if _communication is not None:
-            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication)
+            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication,
+                                           compression=options.compression)
         engine = Engine(comm)
         _check_implementation(options, engine, where)
+        _bind_gpu(engine)
         return engine, options, MPIAllReduce(), _default_resolver(cluster_resolver, comm), {}
 
 
@@ -122,13 +118,15 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
     """``tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO, cluster_resolver=None,
     communication_options=None)``, plus ``comm=``."""
 
+    # TensorFlow's experimental class takes `communication` first, and isinstance(s, MWMS) must hold:
+    # a subclass with another constructor signature, on purpose
     @classmethod
-    def _setup(cls, communication: Any = CommunicationImplementation.AUTO, cluster_resolver: Any = None,
-               communication_options: Any = None, *, comm: Any = None) -> Any:
+    def _setup(cls, communication: Any = CommunicationImplementation.AUTO,  # type: ignore[override]  # see above
+               cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None) -> Parts:
         return super()._setup(cluster_resolver, communication_options, comm=comm, _communication=communication)
 
 
-class MirroredStrategy(_Dispatching):
+class MirroredStrategy(_Concrete):
     """Synchronous data parallelism over the ranks of this node (one replica per rank).
 
     ``MirroredStrategy(devices=None, cross_device_ops=None, *, comm=None)``: the replicas are the ranks
@@ -139,7 +137,7 @@ class MirroredStrategy(_Dispatching):
     _kind = "MirroredStrategy"
 
     @classmethod
-    def _setup(cls, devices: Any = None, cross_device_ops: Any = None, *, comm: Any = None) -> Any:
+    def _setup(cls, devices: Any = None, cross_device_ops: Any = None, *, comm: Any = None) -> Parts:
         where = cls.__name__
         if devices is not None and len(list(devices)) > 1:
             raise ValueError(f"{where}: `devices` lists {len(list(devices))} devices, but each rank hosts one "
@@ -149,18 +147,19 @@ class MirroredStrategy(_Dispatching):
                             f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
                             f"got {type(cross_device_ops).__name__}")
         topology = Topology(validate_comm(comm, where))
-        engine = Engine(topology.local)  # clones the node's communicator: ours can go
+        engine = Engine(cast(MPI.Intracomm, topology.local))  # clones the node's communicator: ours can go
         topology.free()
+        _bind_gpu(engine)
         return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}
 
 
-class OneDeviceStrategy(_Dispatching):
+class OneDeviceStrategy(_Concrete):
     """One replica on this rank alone: no communication. ``OneDeviceStrategy(device)``."""
 
     _kind = "OneDeviceStrategy"
 
     @classmethod
-    def _setup(cls, device: Any = None) -> Any:
+    def _setup(cls, device: Any = None) -> Parts:
         return Engine(MPI.COMM_SELF), CommunicationOptions(), None, None, {"devices": [device] if device else None}
 
 
@@ -173,7 +172,7 @@ class CentralStorageExtended(StrategyExtended):
         return self._cross_device_ops.broadcast(result if result is not None else var)
 
 
-class CentralStorageStrategy(_Dispatching):
+class CentralStorageStrategy(_Concrete):
     """``tf.distribute.experimental.CentralStorageStrategy(compute_devices=None, parameter_device=None)``,
     plus ``comm=``: replicas are the ranks; variables and their updates live on the chief (rank 0)."""
 
@@ -181,7 +180,8 @@ class CentralStorageStrategy(_Dispatching):
     _extended_class = CentralStorageExtended
 
     @classmethod
-    def _setup(cls, compute_devices: Any = None, parameter_device: Any = None, *, comm: Any = None) -> Any:
+    def _setup(cls, compute_devices: Any = None, parameter_device: Any = None, *, comm: Any = None) -> Parts:
         where = cls.__name__
         engine = Engine(validate_comm(comm, where))
+        _bind_gpu(engine)
         return engine, CommunicationOptions(), ReductionToOneDevice(0), None, {"devices": compute_devices}

@@ -2,9 +2,10 @@
 
 A thread-local stack as in TensorFlow: ``strategy.scope()`` pushes a cross-replica context,
 ``strategy.run(fn)`` a replica context, ``ReplicaContext.merge_call`` a cross-replica context again.
-Outside any scope the default strategy (one replica, this rank alone) is current. When TensorFlow
-is loaded and no mpidist (NumPy) strategy is active, the module functions answer what
-``tf.distribute`` answers, so they also see mpidist's TensorFlow strategies.
+Outside any scope the default strategy (one replica, this rank alone: default.py, which also holds
+``get_strategy`` and ``get_replica_context``, the two functions that fall back to it) is current.
+When TensorFlow is loaded and no mpidist (NumPy) strategy is active, the module functions answer
+what ``tf.distribute`` answers, so they also see mpidist's TensorFlow strategies.
 """
 from __future__ import annotations
 
@@ -12,27 +13,20 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..cross_device import ReduceOp, as_options, as_reduce_op
+from ..cross_device import ReduceOp, as_reduce_op, hints_and_options
 
 _state = threading.local()
 _global_default: list[Any] = []   # experimental_set_strategy(s): the strategy current everywhere
-_default_factory: list[Callable[[], Any]] = []  # set by default.py: builds the default strategy
 
 
-def register_default(factory: Callable[[], Any]) -> None:
-    """Called by ``default.py`` (which builds on ``base.py``, which uses this module): how to get the
-    default strategy, without this module importing them back."""
-    _default_factory[:] = [factory]
-
-
-def _stack() -> list[tuple[Any, "ReplicaContext | None"]]:
+def _stack() -> list[tuple[Any, ReplicaContext | None]]:
     stack = getattr(_state, "stack", None)
     if stack is None:
         stack = _state.stack = []
     return stack
 
 
-def push(strategy: Any, replica: "ReplicaContext | None") -> None:
+def push(strategy: Any, replica: ReplicaContext | None) -> None:
     _stack().append((strategy, replica))
 
 
@@ -40,12 +34,15 @@ def pop() -> None:
     _stack().pop()
 
 
-def _tf_distribute() -> Any:
+def tf_distribute() -> Any:
+    """``tf.distribute`` when the program has imported TensorFlow, else None (never imports it)."""
     tf = sys.modules.get("tensorflow")
     return getattr(tf, "distribute", None)
 
 
-def _top() -> tuple[Any, "ReplicaContext | None"] | None:
+def top() -> tuple[Any, ReplicaContext | None] | None:
+    """(strategy, replica context or None) of the innermost scope, or the strategy set with
+    ``experimental_set_strategy``; None outside both."""
     stack = _stack()
     if stack:
         return stack[-1]
@@ -54,44 +51,20 @@ def _top() -> tuple[Any, "ReplicaContext | None"] | None:
     return None
 
 
-def get_strategy() -> Any:
-    """The current strategy (the default strategy outside every scope)."""
-    top = _top()
-    if top is not None:
-        return top[0]
-    tfd = _tf_distribute()
-    if tfd is not None and tfd.has_strategy():
-        return tfd.get_strategy()
-    if not _default_factory:
-        raise RuntimeError("get_strategy: the default strategy is not registered; `import mpidist` registers it")
-    return _default_factory[0]()
-
-
 def has_strategy() -> bool:
     """Whether a non-default strategy is current."""
-    if _top() is not None:
+    if top() is not None:
         return True
-    tfd = _tf_distribute()
+    tfd = tf_distribute()
     return bool(tfd is not None and tfd.has_strategy())
 
 
-def get_replica_context() -> "ReplicaContext | None":
-    """The replica context inside ``run``; None in a cross-replica context (inside ``scope()``)."""
-    top = _top()
-    if top is None:
-        tfd = _tf_distribute()
-        if tfd is not None and tfd.has_strategy():
-            return tfd.get_replica_context()
-        return get_strategy().default_replica_context()
-    return top[1]
-
-
 def in_cross_replica_context() -> bool:
-    top = _top()
-    if top is None:
-        tfd = _tf_distribute()
+    current = top()
+    if current is None:
+        tfd = tf_distribute()
         return bool(tfd is not None and tfd.in_cross_replica_context())
-    return top[1] is None
+    return current[1] is None
 
 
 def experimental_set_strategy(strategy: Any) -> None:
@@ -102,12 +75,6 @@ def experimental_set_strategy(strategy: Any) -> None:
     _global_default.clear()
     if strategy is not None:
         _global_default.append(strategy)
-
-
-def hints_and_options(options: Any, experimental_hints: Any, where: str) -> Any:
-    """``experimental_hints`` (CollectiveHints, TensorFlow 2.2-2.4's keyword) with ``options``'
-    non-default fields over it, as one CommunicationOptions."""
-    return as_options(experimental_hints, where).merge(as_options(options, where))
 
 
 def get_loss_reduction() -> ReduceOp:
@@ -143,13 +110,15 @@ class ReplicaContext:
         where = "ReplicaContext.all_reduce"
         op = as_reduce_op(reduce_op, where)
         extended = self._strategy.extended
-        return extended.all_reduce(op, value, extended.call_options(options, experimental_hints, where))
+        call = extended.call_options(hints_and_options(options, experimental_hints, where), where)
+        return extended.all_reduce(op, value, call)
 
     def all_gather(self, value: Any, axis: int, options: Any = None, experimental_hints: Any = None) -> Any:
         """Concatenate every replica's value along ``axis`` (sizes along it may differ)."""
         where = "ReplicaContext.all_gather"
-        return self._strategy.extended.gather(value, axis, hints_and_options(options, experimental_hints, where),
-                                               where)
+        extended = self._strategy.extended
+        call = extended.call_options(hints_and_options(options, experimental_hints, where), where)
+        return extended.gather(value, axis, call, where)
 
     def merge_call(self, merge_fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in the cross-replica context."""

@@ -1,5 +1,8 @@
-"""The default strategy: one replica (this rank alone), current outside every scope."""
+"""The default strategy: one replica (this rank alone), current outside every scope; and the
+two functions of the context API that fall back to it (the rest are in context.py)."""
 from __future__ import annotations
+
+from typing import Any
 
 from mpi4py import MPI
 
@@ -27,4 +30,23 @@ def default_strategy() -> Strategy:
     return _default[0]
 
 
-context.register_default(default_strategy)
+def get_strategy() -> Any:
+    """The current strategy (the default strategy outside every scope)."""
+    top = context.top()
+    if top is not None:
+        return top[0]
+    tfd = context.tf_distribute()
+    if tfd is not None and tfd.has_strategy():
+        return tfd.get_strategy()
+    return default_strategy()
+
+
+def get_replica_context() -> context.ReplicaContext | None:
+    """The replica context inside ``run``; None in a cross-replica context (inside ``scope()``)."""
+    top = context.top()
+    if top is None:
+        tfd = context.tf_distribute()
+        if tfd is not None and tfd.has_strategy():
+            return tfd.get_replica_context()
+        return get_strategy().default_replica_context()
+    return top[1]

@@ -4,6 +4,11 @@
 MEAN divides by the global number of elements along the axis (the sum of every rank's length), so
 a smaller last batch on some rank weighs exactly as its rows do. All leaves travel in one engine
 call. CuPy leaves stay on the GPU: their local work is done by CuPy's functions of the same names.
+
+``axis`` takes what the TensorFlow strategies take (tensorflow/reductions.py): an int, or a
+non-empty list/tuple of ints (reduced along all of them; MEAN divides by the product of their global
+lengths); a scalar reduced along axis 0 (or -1) counts as one element (Keras's multi-worker path
+calls ``reduce("MEAN", scalar, axis=0)``).
 """
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..collectives import Engine, gpu, nest
-from ..cross_device import CommunicationOptions, ReduceOp
+from ..collectives.options import CallOptions
+from ..cross_device import ReduceOp
 from ..validation import is_integer
 from ..values import local
 
@@ -35,6 +41,24 @@ def _axis(value: Any, ndim: int, where: str) -> int:
     return int(value) % ndim
 
 
+def _axes(axis: Any, ndim: int, where: str) -> tuple[int, ...]:
+    """``axis`` (an int or a non-empty list/tuple of ints) as sorted non-negative axes of a value
+    of rank ``ndim``."""
+    given = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+    if not given or not all(is_integer(a) for a in given):
+        raise TypeError(f"{where}: `axis` must be an int, a list/tuple of ints, or None, got {axis!r}")
+    for a in given:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{where}: `axis` {axis!r} is out of range for a value of rank {ndim}")
+    axes = tuple(sorted(int(a) % ndim for a in given))
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{where}: `axis` {axis!r} names the same axis twice")
+    return axes
+
+
+_SCALAR_AXES = (0, -1)  # a scalar reduced along these counts as one element
+
+
 def _arrays(value: Any) -> tuple[list[np.ndarray], Any]:
     leaves, tree = nest.flatten(map_local(value))
     return [gpu.as_cupy(leaf) if gpu.is_device_array(leaf) else np.asarray(leaf) for leaf in leaves], tree
@@ -49,31 +73,37 @@ _LOCAL = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "sum", ReduceOp.MIN: "min", Reduce
           ReduceOp.PROD: "prod"}
 
 
-def _local_reduce(a: np.ndarray, op: ReduceOp, axis: int) -> np.ndarray:
-    if op in (ReduceOp.MIN, ReduceOp.MAX) and a.shape[axis] == 0:  # empty local batch: identity
+def _local_reduce(a: np.ndarray, op: ReduceOp, axes: tuple[int, ...]) -> np.ndarray:
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and any(a.shape[k] == 0 for k in axes):  # empty local batch: identity
         info = np.finfo(a.dtype) if a.dtype.kind == "f" else np.iinfo(a.dtype)
         fill = info.max if op is ReduceOp.MIN else info.min
-        return _xp(a).full(a.shape[:axis] + a.shape[axis + 1:], fill, dtype=a.dtype)
+        return _xp(a).full(tuple(n for k, n in enumerate(a.shape) if k not in axes), fill, dtype=a.dtype)
     xp = _xp(a)
-    return xp.asarray(getattr(xp, _LOCAL[op])(a, axis=axis)).astype(a.dtype, copy=False)
+    return xp.asarray(getattr(xp, _LOCAL[op])(a, axis=axes)).astype(a.dtype, copy=False)
 
 
-def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CommunicationOptions,
+def _as_vector_if_scalar(a: Any, axis: Any, where: str) -> Any:
+    """A scalar reduced along axis 0 or -1 (an int or a 1-tuple) as a vector of one element."""
+    if a.ndim:
+        return a
+    given = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+    if len(given) == 1 and is_integer(given[0]) and given[0] in _SCALAR_AXES:
+        return a.reshape(1)
+    raise ValueError(f"{where}: `axis` {axis!r} is out of range for a scalar value (rank 0); "
+                     f"a scalar can be reduced along axis 0 or -1 only")
+
+
+def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, options: CallOptions,
                       where: str) -> Any:
     arrays, tree = _arrays(value)
-    axes = [_axis(axis, max(a.ndim, 1), where) for a in arrays]
-    for a in arrays:
-        if a.ndim == 0:
-            raise ValueError(f"{where}: `axis`={axis} given for a scalar value")
+    arrays = [_as_vector_if_scalar(a, axis, where) for a in arrays]
+    axes = [_axes(axis, a.ndim, where) for a in arrays]
     partial = [_local_reduce(a, op, k) for a, k in zip(arrays, axes)]
-    kwargs = dict(bytes_per_pack=options.bytes_per_pack, timeout_seconds=options.timeout_seconds)
     if op is not ReduceOp.MEAN:
-        with gpu.implementation(options.implementation.value):
-            reduced = engine.allreduce(partial, op.value, **kwargs)
+        reduced = engine.allreduce(partial, op.value, options=options)
         return nest.unflatten(tree, reduced)
-    counts = np.array([a.shape[k] for a, k in zip(arrays, axes)], dtype=np.int64)
-    with gpu.implementation(options.implementation.value):  # device sums and host counts in one call
-        sums, total = engine.allreduce((partial, counts), "sum", **kwargs)
+    counts = np.array([int(np.prod([a.shape[k] for k in ks])) for a, ks in zip(arrays, axes)], dtype=np.int64)
+    sums, total = engine.allreduce((partial, counts), "sum", options=options)  # device sums, host counts: one call
     results = []
     for s, n, a in zip(sums, total.tolist(), arrays):
         xp = _xp(s)
@@ -84,14 +114,12 @@ def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, optio
     return nest.unflatten(tree, results)
 
 
-def gather_along_axis(engine: Engine, value: Any, axis: Any, options: CommunicationOptions, where: str) -> Any:
+def gather_along_axis(engine: Engine, value: Any, axis: Any, options: CallOptions, where: str) -> Any:
     arrays, tree = _arrays(value)
     for a in arrays:
         if a.ndim == 0:
             raise ValueError(f"{where}: cannot gather a scalar value; give it at least one dimension")
     axes = [_axis(axis, a.ndim, where) for a in arrays]
     moved = [_xp(a).moveaxis(a, k, 0) for a, k in zip(arrays, axes)]
-    with gpu.implementation(options.implementation.value):
-        gathered = engine.allgather(moved, bytes_per_pack=options.bytes_per_pack,
-                                    timeout_seconds=options.timeout_seconds)
+    gathered = engine.allgather(moved, options=options)
     return nest.unflatten(tree, [_xp(g).moveaxis(g, 0, k) for g, k in zip(gathered, axes)])

@@ -1,11 +1,17 @@
 """mpidist's TensorFlow integration: genuine ``tf.distribute.Strategy`` objects on an engine.
 
 Importing this package imports TensorFlow; nothing below ``mpidist/tensorflow`` does. This
-module only re-exports. ``make_strategy`` is the entry point the public strategy classes use.
+module only re-exports. The strategy classes (classes.py) build through ``make_strategy``.
 """
 from . import checkpoint
-from .classes import (CentralStorageStrategy, ExperimentalMultiWorkerMirroredStrategy, MirroredStrategy,
-                      MultiWorkerMirroredStrategy, OneDeviceStrategy, experimental)
+from .classes import (
+                      CentralStorageStrategy,
+                      ExperimentalMultiWorkerMirroredStrategy,
+                      MirroredStrategy,
+                      MultiWorkerMirroredStrategy,
+                      OneDeviceStrategy,
+                      experimental,
+)
 from .collectives import XlaCollectiveError
 from .extended import MPIExtended
 from .input import MPIDistributedDataset

@@ -149,14 +149,14 @@ def make_sync_on_read(strategy: Any, variable: Any, aggregation: Any) -> Any:
 
 
 class _MirroredVariable(MirroredVariable):
-    """TensorFlow's MirroredVariable; a non-trainable integer ONLY_FIRST_REPLICA variable (a step
-    counter: Keras's ``optimizer.iterations``) updated in a replica context is updated on each
-    rank without a collective (every rank counts the same steps): TensorFlow would broadcast
+    """TensorFlow's MirroredVariable; an integer ONLY_FIRST_REPLICA variable (a step counter:
+    Keras's ``optimizer.iterations``, Keras 2's ``model._train_counter``, which Keras 2 leaves
+    trainable; integers have no gradient either way) updated in a replica context is updated on
+    each rank without a collective (every rank counts the same steps): TensorFlow would broadcast
     replica 0's value, one more collective in every Keras training step."""
 
     def _update_replica(self, update_fn: Any, value: Any, **kwargs: Any) -> Any:
-        if (self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer
-                and not self.trainable):
+        if self.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA and self.dtype.is_integer:
             return update_fn(self._get_on_device_or_primary(), value, **kwargs)
         return super()._update_replica(update_fn, value, **kwargs)
 

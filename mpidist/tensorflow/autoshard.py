@@ -40,7 +40,6 @@ import tensorflow as tf
 
 from . import _tf_private
 
-
 Policy = tf.data.experimental.AutoShardPolicy
 READERS = frozenset({"TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
                      "FixedLengthRecordDatasetV2", "ArrayRecordDataset", "RecordIODataset", "SSTableDataset"})
@@ -63,7 +62,7 @@ def count_files(dataset: tf.data.Dataset) -> FileCount:
     """How many files the readers in ``dataset`` read (the smallest source when there are several)."""
     try:
         graph = _tf_private.serialized_graph(dataset)
-    except Exception as error:  # noqa: BLE001 - any failure only means "cannot tell"
+    except Exception as error:
         return FileCount(UNCOUNTED, f"its graph could not be read ({type(error).__name__}: {error})")
     nodes = {n.name: n for n in graph.node}
     calls = {f.signature.name: {a.func.name for n in f.node_def for a in n.attr.values() if a.func.name}
@@ -89,10 +88,11 @@ def count_files(dataset: tf.data.Dataset) -> FileCount:
         sources = sorted({n.op for n in graph.node if _DATASET_OP.search(n.op) and
                           not any(_is_dataset(nodes, i) for i in n.input)})
         return FileCount(NO_READER, f"it reads no files (its source: {', '.join(sources) or 'unknown'})")
-    if any(c is None for c in counts):
+    known = [c for c in counts if c is not None]
+    if len(known) < len(counts):
         return FileCount(UNCOUNTED, "the number of files it reads could not be found in its graph"
                          + (f" ({'; '.join(reasons)})" if reasons else ""))
-    return FileCount(min(counts), f"it reads {min(counts)} file(s)")
+    return FileCount(min(known), f"it reads {min(known)} file(s)")
 
 
 def _is_dataset(nodes: dict, ref: str) -> bool:

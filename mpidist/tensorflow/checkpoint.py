@@ -92,7 +92,7 @@ def share_outcome(strategy: MPIStrategy, text: str | None, error: BaseException 
         payload = b"E" + f"{type(error).__name__}: {error}".encode()
     else:
         payload = b"P" + ((text or "").encode() if strategy.extended.rank == 0 else b"")
-    gathered = bytes(strategy.engine.allgather(_record(payload), **strategy.extended.default_call_options.kwargs()))
+    gathered = bytes(strategy.engine.allgather(_record(payload), options=strategy.extended.default_call_options))
     records, offset = [], 0
     while offset < len(gathered):
         size = int.from_bytes(gathered[offset:offset + 4], "big")
@@ -136,7 +136,7 @@ def on_chief(strategy: MPIStrategy, write_on_chief: Callable[[], Any], where: st
 
 def any_rank(strategy: MPIStrategy, flag: bool) -> bool:
     """Collective: whether ``flag`` is true on any rank (one tiny allreduce)."""
-    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", **strategy.extended.default_call_options.kwargs())
+    found = strategy.engine.allreduce(np.array([bool(flag)]), "max", options=strategy.extended.default_call_options)
     return bool(found[0])
 
 
@@ -148,7 +148,7 @@ def same_on_every_rank(strategy: MPIStrategy, path: Any) -> bool:
     """
     digest = np.frombuffer(hashlib.sha256(os.fspath(path).encode()).digest()[:8], dtype=np.int64)
     low_high = np.concatenate([digest, -digest])
-    found = strategy.engine.allreduce(low_high, "min", **strategy.extended.default_call_options.kwargs())
+    found = strategy.engine.allreduce(low_high, "min", options=strategy.extended.default_call_options)
     return bool(found[0] == -found[1])
 
 

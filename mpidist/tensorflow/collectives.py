@@ -37,7 +37,6 @@ import numpy as np
 import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
-from .._config import rc
 from ..collectives.options import CallOptions  # the engine's one per-call options type
 from . import _tf_private, deadline_op, gpu_bridge
 
@@ -97,7 +96,7 @@ def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensor
     def func(*arrays: np.ndarray) -> list[np.ndarray]:
         return run(list(arrays))
 
-    timed = options.timeout_seconds is not None or rc.timeout_seconds is not None
+    timed = options.resolve().timeout is not None  # 0 (here or in rc) is no deadline, as everywhere
     if timed:  # a deadline must reach the program as tf.errors.DeadlineExceededError (deadline_op.py)
         func = deadline_op.reporting(func)
 
@@ -144,10 +143,8 @@ def _one_or_list(arrays: list[np.ndarray]) -> Any:
 def allreduce(engine: Any, tensors: Sequence[Any], op: str, options: CallOptions = DEFAULT,
               where: str = "all_reduce") -> list[tf.Tensor]:
     """Reduce every tensor over all ranks of ``engine`` with ``op`` ("sum", "mean", ...)."""
-    kwargs = options.kwargs()
-
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        result = engine.allreduce(_one_or_list(arrays), op, **kwargs)
+        result = engine.allreduce(_one_or_list(arrays), op, options=options)
         return _reshaped([result] if len(arrays) == 1 else result, arrays)
 
     return _call("mpidist_allreduce", run, tensors, lambda s: s, where, options)
@@ -156,10 +153,8 @@ def allreduce(engine: Any, tensors: Sequence[Any], op: str, options: CallOptions
 def broadcast(engine: Any, tensors: Sequence[Any], root: int = 0, options: CallOptions = DEFAULT,
               where: str = "broadcast") -> list[tf.Tensor]:
     """Every rank gets ``root``'s tensors (same shapes and dtypes on every rank)."""
-    kwargs = options.kwargs()
-
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        result = engine.broadcast(_one_or_list(arrays), root=root, **kwargs)
+        result = engine.broadcast(_one_or_list(arrays), root=root, options=options)
         return _reshaped([result] if len(arrays) == 1 else result, arrays)
 
     return _call("mpidist_broadcast", run, tensors, lambda s: s, where, options)
@@ -171,11 +166,9 @@ def allgather(engine: Any, tensors: Sequence[Any], axis: int = 0, options: CallO
 
     ``axis`` must be valid (non-negative) for every tensor.
     """
-    kwargs = options.kwargs()
-
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         moved = [np.moveaxis(a, axis, 0) if axis else a for a in arrays]
-        result = engine.allgather(_one_or_list(moved), **kwargs)
+        result = engine.allgather(_one_or_list(moved), options=options)
         result = [result] if len(arrays) == 1 else list(result)
         if axis:
             result = [_contiguous(np.moveaxis(r, 0, axis)) for r in result]  # CuPy arrays dispatch too
@@ -196,10 +189,8 @@ def any_rank(engine: Any, flag: Any, options: CallOptions = DEFAULT, where: str 
     """Whether the bool ``flag`` is True on any rank (one allreduce). With ``stop``, inside a
     ``tf.function``, the op raises ``tf.errors.OutOfRangeError`` on every rank instead of giving
     False (a ``tf.numpy_function`` raising StopIteration does that)."""
-    kwargs = options.kwargs()
-
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        result = np.asarray(engine.allreduce(arrays[0], "max", **kwargs)).reshape(1)
+        result = np.asarray(engine.allreduce(arrays[0], "max", options=options)).reshape(1)
         if stop and not result[0]:
             raise StopIteration(f"{where}: no rank has data left (end of sequence on every rank)")
         return [result]

@@ -1,4 +1,5 @@
-"""CrossDeviceOps on TensorFlow values: the value adapter mpidist.cross_device loads when TF is in use.
+"""CrossDeviceOps on TensorFlow values: what the public CrossDeviceOps classes (mpidist/frameworks.py)
+hand TensorFlow values to when the program uses TensorFlow.
 
 ``NcclAllReduce().reduce(...)``, ``batch_reduce(...)`` and ``broadcast(...)`` (every CrossDeviceOps
 class) take ``tf.Tensor``, ``tf.Variable``, TensorFlow's or mpidist's distributed values
@@ -19,20 +20,21 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from ..cross_device import ops as ops_lib
-from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
 from . import collectives
 from .collectives import CallOptions
 
+_no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
+
 
 class OpsEngine:
     """An engine-shaped view of a CrossDeviceOps: ``allreduce`` runs its reduction (algorithm,
-    packing, root), ``broadcast`` its broadcast; other calls go to its engine. Keyword options a
-    caller passes (``bytes_per_pack``, ``timeout_seconds``) override ``options``."""
+    packing, root), ``broadcast`` its broadcast; other calls go to its engine. ``options`` (the
+    per-call options, CallOptions) a caller passes are merged over the ones it was built with."""
 
-    def __init__(self, cross_device_ops: Any, options: CommunicationOptions | None = None) -> None:
+    def __init__(self, cross_device_ops: Any, options: CallOptions | None = None) -> None:
         self.ops = cross_device_ops
-        self.options = options if options is not None else CommunicationOptions()
+        self.options = options if options is not None else CallOptions()
 
     @property
     def rank(self) -> int:
@@ -42,28 +44,14 @@ class OpsEngine:
     def size(self) -> int:
         return self.ops.engine.size
 
-    def _options(self, bytes_per_pack: int | None, timeout_seconds: float | None,
-                 call: CallOptions | None = None) -> CommunicationOptions:
-        base = self.options
-        compression = call.compression if call is not None and call.compression is not None else base.compression
-        return CommunicationOptions(bytes_per_pack or base.bytes_per_pack,
-                                    base.timeout_seconds if timeout_seconds is None else timeout_seconds,
-                                    base.implementation, compression=compression)
+    def allreduce(self, value: Any, op: Any = "sum", *, options: CallOptions | None = None) -> Any:
+        return self.ops.reduce_arrays(op, value, self.options.merged(options))
 
-    def allreduce(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
-                  timeout_seconds: float | None = None, options: CallOptions | None = None,
-                  **_engine_choices: Any) -> Any:
-        """``options``: the engine's per-call options; only their ``compression`` applies here (the
-        ops object's own algorithm and packing win)."""
-        return self.ops.reduce_arrays(op, value, self._options(bytes_per_pack, timeout_seconds, options))
+    def broadcast(self, value: Any, root: int = 0, *, options: CallOptions | None = None) -> Any:
+        return self.ops.broadcast_arrays(value, root, self.options.merged(options))
 
-    def broadcast(self, value: Any, root: int = 0, *, timeout_seconds: float | None = None,
-                  **_engine_choices: Any) -> Any:
-        timeout = self.options.timeout_seconds if timeout_seconds is None else timeout_seconds
-        return self.ops.broadcast_arrays(value, root, timeout)
-
-    def allgather(self, value: Any, **kwargs: Any) -> Any:
-        return self.ops.engine.allgather(value, **kwargs)
+    def allgather(self, value: Any, *, options: CallOptions | None = None) -> Any:
+        return self.ops.engine.allgather(value, options=options)
 
     def __repr__(self) -> str:
         return f"OpsEngine({self.ops!r})"
@@ -74,6 +62,7 @@ def _is_tf_leaf(value: Any) -> bool:
     return isinstance(value, (tf.Tensor, tf.Variable, tf.distribute.DistributedValues, tf.IndexedSlices))
 
 
+@_no_autograph
 def handles(value: Any) -> bool:
     """Whether ``value`` (a nest) holds any TensorFlow value."""
     return any(_is_tf_leaf(leaf) for leaf in tf.nest.flatten(value))
@@ -100,16 +89,18 @@ def _flat(values: Sequence[Any], where: str) -> tuple[list[list[Any]], list[tf.T
     return nests, tensors
 
 
-def _call_options(ops: Any, options: CommunicationOptions) -> CallOptions:
+def _bridge_options(ops: Any, options: CallOptions | None) -> CallOptions:
+    """What the bridge needs itself: the implementation for GPU tensors (gpu_bridge.py)."""
     return CallOptions(implementation=ops.implementation_for(options))
 
 
-def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: CommunicationOptions,
+@_no_autograph
+def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: CallOptions,
                  where: str) -> list[Any]:
     """Every value of ``values`` (each a nest) reduced over all ranks, in ONE bridge call."""
     nests, tensors = _flat(values, where)
     reduced = collectives.allreduce(OpsEngine(ops, options), tensors, op.value.lower(),
-                                    _call_options(ops, options), where)
+                                    _bridge_options(ops, options), where)
     out, start = [], 0
     for value, nest in zip(values, nests):
         out.append(tf.nest.pack_sequence_as(value, reduced[start:start + len(nest)]))
@@ -117,34 +108,26 @@ def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: Communi
     return out
 
 
-def reduce(ops: Any, op: ReduceOp, value: Any, options: CommunicationOptions, where: str) -> Any:
+@_no_autograph
+def reduce(ops: Any, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
     """``value`` (a nest) reduced over all ranks."""
     return batch_reduce(ops, op, [value], options, where)[0]
 
 
+@_no_autograph
 def broadcast(ops: Any, value: Any, root: int, where: str) -> Any:
     """``root``'s ``value`` (a nest) on every rank, in one bridge call."""
     nests, tensors = _flat([value], where)
-    out = collectives.broadcast(OpsEngine(ops), tensors, root, _call_options(ops, None), where)
+    out = collectives.broadcast(OpsEngine(ops), tensors, root, _bridge_options(ops, None), where)
     return tf.nest.pack_sequence_as(value, out)
 
 
-class _Adapter:
-    """What mpidist.cross_device.ops calls for TensorFlow values (see register_value_adapter)."""
-
-    handles = staticmethod(handles)
-    reduce = staticmethod(reduce)
-    batch_reduce = staticmethod(batch_reduce)
-    broadcast = staticmethod(broadcast)
-
-
-ADAPTER = _Adapter()
-ops_lib.register_value_adapter(ADAPTER)
-
-# Called inside a tf.function, the entry points are library code that AutoGraph must not convert
-# (it would convert down into the engine and mpi4py, warning on every trace). The lower layer
-# cannot import TensorFlow to mark them, so they are marked here, once, when TF is in use.
-for _name in ("reduce", "batch_reduce", "broadcast"):
-    _method = getattr(ops_lib.CrossDeviceOps, _name)
-    if not hasattr(_method, "autograph_info__"):  # what do_not_convert leaves on its wrapper
-        setattr(ops_lib.CrossDeviceOps, _name, tf.autograph.experimental.do_not_convert(_method))
+def not_converted(cls: type) -> None:
+    """Mark ``cls``'s ``reduce``, ``batch_reduce`` and ``broadcast`` as library code that AutoGraph must
+    not convert when a ``tf.function`` calls them (it would convert down into the engine and mpi4py,
+    warning on every trace). The public classes, which cannot import TensorFlow when they are
+    defined, ask for it when they first meet TensorFlow."""
+    for name in ("reduce", "batch_reduce", "broadcast"):
+        method = cls.__dict__.get(name)
+        if method is not None and not hasattr(method, "autograph_info__"):  # what do_not_convert leaves
+            setattr(cls, name, tf.autograph.experimental.do_not_convert(method))

@@ -20,7 +20,7 @@ Built only for collectives that have a deadline (``timeout_seconds`` in the call
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf

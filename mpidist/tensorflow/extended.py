@@ -20,9 +20,9 @@ import tensorflow as tf
 from ..cross_device import local_value
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, cross_device, input as input_lib, reductions, variables
+from . import _tf_private, collectives, cross_device, reductions, variables
+from . import input as input_lib
 from .replica_context import MPIReplicaContext
-
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 
@@ -210,6 +210,14 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         return self._engine.size > 1
 
     @property
+    def _task_type(self) -> str:
+        return "worker"  # as MultiWorkerMirroredStrategy's extended (Keras 2 names its workers' temp dirs by these)
+
+    @property
+    def _task_id(self) -> int:
+        return self.rank
+
+    @property
     def experimental_should_init(self) -> bool:
         return True
 
@@ -265,7 +273,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Rank 0's value on every rank (the whole nest in one broadcast)."""
-        flat = [tf.convert_to_tensor(self.local_value(v)) for v in tf.nest.flatten(tensor)]
+        dtype = getattr(destinations, "dtype", None)  # a Python number broadcast to a variable gets its dtype
+        flat = [tf.convert_to_tensor(self.local_value(v), dtype_hint=dtype) for v in tf.nest.flatten(tensor)]
         out = collectives.broadcast(self._reduce_engine, flat, 0, self._default_call, "MPIExtended.broadcast_to")
         return tf.nest.pack_sequence_as(tensor, out)
 

@@ -46,7 +46,7 @@ _told: set[str] = set()
 
 
 def _gpu_device_name(name: str | None) -> bool:
-    return bool(name) and ":GPU:" in name.upper()
+    return name is not None and ":GPU:" in name.upper()
 
 
 def backed_on_gpu(t: Any) -> bool:

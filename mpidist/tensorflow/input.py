@@ -44,9 +44,9 @@ INFINITE, UNKNOWN = int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDI
 # TensorFlow); tf.distribute.DistributedDataset itself is named DistributedDatasetInterface. This
 # base carries the name Keras looks for, so model.fit(strategy.experimental_distribute_dataset(ds))
 # works as with TensorFlow's own strategies. It adds nothing else; the module named is not real.
-_KerasNamed = type("DistributedDataset", (tf.distribute.DistributedDataset,),
-                   {"__module__": "tensorflow.python.distribute.mpidist_keras_name",
-                    "__doc__": "tf.distribute.DistributedDataset under the name Keras 3 recognizes."})
+_KerasNamed: Any = type("DistributedDataset", (tf.distribute.DistributedDataset,),
+                        {"__module__": "tensorflow.python.distribute.mpidist_keras_name",
+                         "__doc__": "tf.distribute.DistributedDataset under the name Keras 3 recognizes."})
 
 
 class MPIDistributedDataset(_KerasNamed):
@@ -138,7 +138,7 @@ def distribute_dataset(strategy: tf.distribute.Strategy, dataset: Any, options: 
     autoshard.check_batched(dataset, where)
     files = autoshard.count_files(dataset) if policy in (autoshard.Policy.AUTO, autoshard.Policy.FILE) else None
     mine = [files.count if files else autoshard.NO_READER, int(dataset.cardinality())]
-    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs()))
+    everyone = np.asarray(engine.allgather(np.array([mine], dtype=np.int64), options=ext.default_call_options))
     mode, warning = autoshard.decide(policy, [int(c) for c in everyone[:, 0]], size, where)
     if warning and rank == 0:
         _log.warning("%s", warning)
@@ -166,7 +166,7 @@ def distribute_from_function(strategy: tf.distribute.Strategy, dataset_fn: Calla
         raise TypeError(f"{where}: `dataset_fn` must return a tf.data.Dataset, got {type(dataset).__name__}")
     mine = int(dataset.cardinality())
     counts = [mine] if size == 1 else \
-        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), **ext.default_call_options.kwargs())]
+        [int(c) for c in engine.allgather(np.array([mine], dtype=np.int64), options=ext.default_call_options)]
     steps, agree = _steps(counts)
     return MPIDistributedDataset(dataset, strategy, agree, steps, where, "per-rank")
 

@@ -100,7 +100,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
         """This rank's ``tf.data`` iterator (the composite tensor's one component)."""
         return self._iterator
 
-    def __iter__(self) -> "MPIDistributedIterator":
+    def __iter__(self) -> MPIDistributedIterator:
         return self
 
     @_no_autograph
@@ -134,7 +134,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
             return tf.cond(mine, optional.get_value, lambda: empty_value(shared.local_spec))
 
     @_no_autograph
-    def get_next_as_optional(self) -> Optional:
+    def get_next_as_optional(self) -> tf.experimental.Optional:
         """An Optional whose ``has_value()`` is the same on every rank: some rank still has data."""
         shared = self._shared
         if not shared.agree:
@@ -159,7 +159,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
             except tf.errors.OutOfRangeError:
                 self._exhausted = True
         flag = np.array([value is not None], dtype=np.int32)
-        if not np.asarray(shared.engine.allreduce(flag, "max", **shared.call.kwargs())).reshape(1)[0]:
+        if not np.asarray(shared.engine.allreduce(flag, "max", options=shared.call)).reshape(1)[0]:
             return None
         if value is None:
             if self._empty is None:
@@ -168,7 +168,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
         return value
 
     @property
-    def _type_spec(self) -> "MPIIteratorSpec":
+    def _type_spec(self) -> MPIIteratorSpec:
         return MPIIteratorSpec(self._shared)
 
     def __repr__(self) -> str:
@@ -192,7 +192,7 @@ class MPIIteratorSpec(tf.TypeSpec):
         return (s.local_spec, id(s.strategy), s.agree)
 
     @classmethod
-    def _deserialize(cls, serialization: Any) -> "MPIIteratorSpec":
+    def _deserialize(cls, serialization: Any) -> MPIIteratorSpec:
         raise ValueError("MPIIteratorSpec cannot be deserialized (it refers to a live strategy)")
 
     @property
@@ -205,7 +205,7 @@ class MPIIteratorSpec(tf.TypeSpec):
     def _from_components(self, components: Any) -> MPIDistributedIterator:
         return MPIDistributedIterator(self._shared, components)
 
-    def _without_tensor_names(self) -> "MPIIteratorSpec":
+    def _without_tensor_names(self) -> MPIIteratorSpec:
         return self  # dataset element specs carry no tensor names
 
     def is_subtype_of(self, other: Any) -> bool:

@@ -69,9 +69,10 @@ def _count(t: tf.Tensor, axis: int | tuple[int, ...]) -> tf.Tensor:
     """Number of elements along ``axis`` (int64 scalar), static when the shape is known."""
     axes = axis if isinstance(axis, tuple) else (axis,)
     dims = [t.shape[a] if t.shape.rank is not None else None for a in axes]
-    if all(d is not None for d in dims):
+    known = [d for d in dims if d is not None]
+    if len(known) == len(dims):
         total = 1
-        for d in dims:
+        for d in known:
             total *= int(d)
         return tf.constant(total, tf.int64)
     shape = tf.shape(t, out_type=tf.int64)

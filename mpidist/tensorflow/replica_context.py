@@ -20,7 +20,6 @@ import tensorflow as tf
 from ..cross_device.reduce_op import ReduceOp
 from . import _tf_private, collectives, reductions
 
-
 _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 
 
@@ -127,7 +126,7 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
                                                           dtype=tf.int64) for x, a in zip(xs, axes)], options)
         rank = self._strategy.extended.rank
         grads = []
-        for g, n, x, a in zip(summed, sizes, xs, axes):
+        for g, n, a in zip(summed, sizes, axes):
             begin = tf.reduce_sum(n[:rank])
             grads.append(tf.gather(g, tf.range(begin, begin + n[rank]), axis=a))
         return grads

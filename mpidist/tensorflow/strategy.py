@@ -60,7 +60,7 @@ class MPIStrategy(tf.distribute.Strategy):
             if self._engine_ref.topology.comm is not None:  # not closed through a copy of this strategy
                 self._engine_ref.close()
 
-    def __enter__(self) -> "MPIStrategy":
+    def __enter__(self) -> MPIStrategy:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -129,7 +129,7 @@ class MPIStrategy(tf.distribute.Strategy):
         the global batch size (TensorFlow 1's Strategy had it; mpidist's NumPy strategies too)."""
         return self.extended.experimental_make_numpy_dataset(numpy_input, session=session)
 
-    def __deepcopy__(self, memo: dict) -> "MPIStrategy":
+    def __deepcopy__(self, memo: dict) -> MPIStrategy:
         ext = self.extended
         copy = type(self)(self._kind, self._engine_ref, ext.options, ext.device, ext.scope_device,
                           ext.cluster_resolver)
@@ -183,9 +183,9 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     engine call). devices: device names; rank with node-local rank i uses devices[i % len].
     cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
     ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
-    The public strategy classes build through ``strategies.backends.make_tf_strategy``, which also
-    installs ``mpidist.keras`` (Keras fidelity, agreed shuffle seeds) on the result; a strategy built
-    here directly gets it from ``mpidist.keras.install(strategy)``.
+    The strategy classes build through ``classes.make_tf_strategy``, which also installs
+    ``mpidist.keras`` (Keras fidelity, agreed shuffle seeds) on the result; a strategy built here
+    directly gets it from ``mpidist.keras.install(strategy)``.
     cluster_resolver: what ``strategy.cluster_resolver`` returns (MultiWorkerMirroredStrategy:
     the one its constructor got, else an MPIClusterResolver; None for the other kinds).
     """

@@ -2,10 +2,11 @@
 
 Without this, a rank that dies of an exception leaves the others waiting forever in their next
 collective. Like ``python -m mpi4py``, mpidist installs (when the first Engine is built, and
-``rc.abort_on_error`` is on; importing mpidist alone changes nothing) a ``sys.excepthook`` that prints the traceback as usual and then calls ``MPI_Abort`` on
-COMM_WORLD, so the launcher ends the job with a non-zero status. Single-process runs are left
-alone (nothing can wait for them). ``SystemExit`` is not an exception here: ``sys.exit(3)`` on one
-rank still leaves the others running, as in plain MPI.
+``rc.abort_on_error`` is on; importing mpidist alone changes nothing) a ``sys.excepthook`` that
+prints the traceback as usual and then calls ``MPI_Abort`` on COMM_WORLD, so the launcher ends the
+job with a non-zero status. Single-process runs are left alone (nothing can wait for them).
+``SystemExit`` is not an exception here: ``sys.exit(3)`` on one rank still leaves the others
+running, as in plain MPI.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ what importing mpi4py does.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from mpi4py import MPI
 
@@ -64,7 +64,8 @@ class Topology:
             self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank: int = self.local.Get_rank()
         self.local_size: int = self.local.Get_size()
-        self.cross = self.comm.Split(self.local_rank, self.rank)
+        # mpi4py's stub types Split as returning Comm; an Intracomm's split is an Intracomm
+        self.cross = cast(MPI.Intracomm, self.comm.Split(self.local_rank, self.rank))
 
         # Node of every rank, nodes numbered by their lowest rank.
         leader = self.local.bcast(self.rank, root=0)

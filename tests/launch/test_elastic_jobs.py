@@ -10,7 +10,6 @@ The jobs end with ``mpidist.elastic.shutdown()``: without it the survivors somet
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ import time
 import numpy as np
 import pytest
 
+from elastic_segments import check_survivors, replay, results
 from launching import JOBS, kill_job, mpirun_command
 
 ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
@@ -61,44 +61,11 @@ def run_ulfm(n: int, script: str, *args: str, timeout: float = 180, env: dict | 
     return proc.returncode, out + err, time.monotonic() - start
 
 
-def results(output: str) -> list[dict]:
-    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-
-
-def gradient(rank: int, step: int) -> np.ndarray:  # as in jobs/elastic_numpy.py
-    return (rank + 1) * (step + 1) * np.arange(1, 5, dtype=np.float64)
-
-
-def replay(w: list, ranks: list, start: int, stop: int) -> np.ndarray:
-    w = np.array(w)
-    for step in range(start, stop):
-        w = w + sum(gradient(r, step) for r in ranks)
-    return w
-
-
 def check_numpy_job(n: int, steps: int, kills: dict[int, int], env: dict | None = None) -> None:
     rc, output, _ = run_ulfm(n, "elastic_numpy.py", str(steps), *[f"{r}:{s}" for r, s in kills.items()], env=env)
-    got = results(output)
-    survivors = sorted(set(range(n)) - set(kills))
-    assert sorted(r["rank"] for r in got) == survivors, output
     for r in kills:
         assert f"KILLING rank={r} step={kills[r]}" in output, output
-    first = got[0]
-    for r in got:  # every survivor: same final value, same segments, on the survivors' communicator
-        assert r["w"] == first["w"] and r["step"] == steps and r["size"] == len(survivors), output
-        assert [(s["step"], s["w"], s["ranks"]) for s in r["segments"]] == \
-            [(s["step"], s["w"], s["ranks"]) for s in first["segments"]], output
-    segments = first["segments"]
-    assert len(segments) == len(kills) + 1, output  # one recovery per death
-    assert segments[0]["step"] == 0 and segments[0]["ranks"] == list(range(n))
-    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
-    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
-        dead = set(in_order[:i])
-        assert seg["ranks"] == [r for r in range(n) if r not in dead], output
-        # the next segment starts from a commit the dying rank never reached
-        np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
-    for seg in segments[1:]:  # rolled back to a commit at most one step before the death
-        assert seg["step"] in {s for s in kills.values()} | {s - 1 for s in kills.values()}, segments
+    check_survivors(results(output), n, steps, kills, output)
 
 
 def test_numpy_loop_survives_a_sigkill_at_3_ranks():

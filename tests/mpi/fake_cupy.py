@@ -12,13 +12,19 @@ What it checks, as strictly as real CuPy or stricter:
 - every allocation is registered, so that fake_nccl.py can match NCCL's raw pointers to live
   allocations, and tell when a buffer was freed before a grouped NCCL call ran.
 
-- streams (fake_stream.py): kernels, copies to the device and NCCL calls stay pending until the
-  host synchronises (or another rank's NCCL call needs them), so a missing wait before the host
-  reads device memory (MPI on device pointers) reads stale memory and fails a test; fresh
-  allocations hold 0xA5 bytes, as uninitialised memory would.
+- streams (fake_stream.py): kernels, copies and NCCL calls stay pending on their stream until the
+  host waits for it (or another rank's NCCL call needs them), so a missing wait before the host
+  reads device memory (MPI on device pointers) reads stale memory and fails a test; each stream is
+  a queue of its own, ordered with others only by events and the null stream's implicit waits, so
+  work read on the wrong stream is stale too; the current stream and device are per thread, as in
+  CuPy; fresh allocations hold 0xA5 bytes, as uninitialised memory would;
+- copies between the host and page-locked memory (``cupyx.empty_pinned``) are asynchronous, as
+  CUDA's are: ``set`` from pinned memory reads it when the copy runs, and ``get(out=pinned,
+  blocking=False)`` writes it then; from pageable memory ``set`` reads it at once, as the driver
+  does.
 
-What it cannot check: ordering between two streams (one queue for all), CuPy's memory pool, real
-CUDA-aware MPI, DLPack with TensorFlow, NCCL's own limits. Those need a GPU (docs/gpu.md).
+What it cannot check: CuPy's memory pool, real CUDA-aware MPI, DLPack with TensorFlow, NCCL's own
+limits. Those need a GPU (docs/gpu.md).
 
 ``install()`` puts ``cupy``, ``cupy.cuda``, ``cupy.cuda.nccl``, ``cupy.cuda.runtime`` and
 ``cupyx`` into ``sys.modules``; ``uninstall()`` takes them out again.
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -42,7 +50,8 @@ from fake_stream import Event, Stream
 transfers = {"to_device": 0, "to_host": 0}   # bytes copied across the (pretend) PCIe bus
 _live: dict[int, tuple[int, int, weakref.ref]] = {}  # serial -> (start, nbytes, array) of live allocations
 _serials = itertools.count()
-_current_device = [0]
+_threads = threading.local()                 # each thread's current device (CuPy keeps it per thread)
+_pinned: dict[int, tuple[int, int]] = {}     # id -> (start, nbytes) of live page-locked host arrays
 POISON = 0xA5                                # the bytes of a fresh allocation
 
 
@@ -96,9 +105,33 @@ def _fresh(shape: Any, dtype: Any) -> "ndarray":
     return ndarray(_allocation(a))
 
 
-def _launch(fn: Callable[[], Any], what: str) -> None:
-    """Queue a kernel on the (one) stream: it runs when the device gets there (fake_stream.py)."""
-    fake_stream.device().enqueue(fn, what)
+def _current_device() -> int:
+    return getattr(_threads, "device", 0)
+
+
+def _set_device(device: int) -> None:
+    _threads.device = device
+
+
+def _launch(fn: Callable[[], Any], what: str, stream: Any = None) -> None:
+    """Queue a kernel on ``stream`` (default: the thread's current one): it runs when the device
+    gets there (fake_stream.py)."""
+    fake_stream.device().enqueue(fn, what, stream=stream)
+
+
+def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
+    """A host array in (pretend) page-locked memory: copies to and from it are asynchronous."""
+    a = np.empty(shape, dtype=dtype)
+    key = id(a)
+    _pinned[key] = (a.ctypes.data, a.nbytes)
+    weakref.finalize(a, _pinned.pop, key, None)
+    return a
+
+
+def is_pinned(a: np.ndarray) -> bool:
+    """Whether ``a`` (or the array it views) lies in page-locked memory from :func:`empty_pinned`."""
+    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
+    return any(s <= start and end <= s + n for s, n in list(_pinned.values()))
 
 
 def _stand_in(x: Any) -> Any:
@@ -119,32 +152,36 @@ def _result(fn: Callable[..., np.ndarray], operands: list[Any], what: str) -> "n
 
 
 class _Pointer:
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr, self.device_id = ptr, device_id
 
 
 class Device:
     def __init__(self, device: int | None = None) -> None:
-        self.id = _current_device[0] if device is None else int(device)
-        self._previous: list[int] = []
+        self.id = _current_device() if device is None else int(device)
 
     @property
-    def pci_bus_id(self) -> str:  # one pretend GPU per process: NCCL never sees a shared GPU
+    def pci_bus_id(self) -> str:
+        """One pretend GPU per process (NCCL never sees a shared GPU), or with
+        MPITEST_FAKE_SHARED_GPU=1 one for every process (as ranks sharing a GPU)."""
+        if os.environ.get("MPITEST_FAKE_SHARED_GPU") == "1":
+            return f"fake:shared:{self.id}"
         return f"fake:{MPI.COMM_WORLD.Get_rank()}:{self.id}"
 
     def use(self) -> None:
-        _current_device[0] = self.id
+        _set_device(self.id)
 
     def synchronize(self) -> None:
         fake_stream.device().synchronize()
 
-    def __enter__(self) -> "Device":
-        self._previous.append(_current_device[0])
-        _current_device[0] = self.id
+    def __enter__(self) -> "Device":  # the previous device on a per-thread stack, as CuPy's
+        stack = _threads.__dict__.setdefault("stack", [])
+        stack.append(_current_device())
+        _set_device(self.id)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _current_device[0] = self._previous.pop()
+        _set_device(_threads.stack.pop())
 
 
 class ndarray:
@@ -154,7 +191,7 @@ class ndarray:
 
     def __init__(self, a: np.ndarray, device: int | None = None) -> None:
         self._a = a
-        self._device = _current_device[0] if device is None else device
+        self._device = _current_device() if device is None else device
 
     # -- what CuPy arrays have ---------------------------------------------------------------------
     shape = property(lambda self: self._a.shape)
@@ -165,7 +202,7 @@ class ndarray:
     strides = property(lambda self: self._a.strides)
     itemsize = property(lambda self: self._a.itemsize)
     flags = property(lambda self: self._a.flags)
-    data = property(lambda self: _Pointer(self._a.ctypes.data))
+    data = property(lambda self: _Pointer(self._a.ctypes.data, self._device))
     device = property(lambda self: Device(self._device))
 
     @property
@@ -215,35 +252,35 @@ class ndarray:
 
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
             blocking: bool = True) -> np.ndarray:
-        """A copy in host memory; blocking (the default, as in CuPy): waits for the stream first."""
+        """A copy in host memory, made on ``stream`` (default: the current one). Blocking (the
+        default, as in CuPy): the host waits for the stream. ``blocking=False`` into page-locked
+        ``out``: the copy is only queued; into pageable memory CUDA copies synchronously anyway."""
         if out is not None and (not isinstance(out, np.ndarray) or out.shape != self.shape
                                 or out.dtype != self.dtype or not out.flags.c_contiguous):
             raise ValueError("fake cupy: `out` must be a C-contiguous NumPy array of the same shape and dtype")
+        stream = fake_stream.current() if stream is None else stream
         transfers["to_host"] += self.nbytes
-        if not blocking:
-            if out is None:
-                raise ValueError("fake cupy: get(blocking=False) needs `out`")
-            _launch(lambda: out.__setitem__(..., self._a), "get (device to host)")
-            return out
-        fake_stream.device().synchronize()
-        if out is None:
-            return self._a.copy()
-        out[...] = self._a
-        return out
+        if not blocking and out is None:
+            raise ValueError("fake cupy: get(blocking=False) needs `out`")
+        target = np.empty(self.shape, self.dtype) if out is None else out
+        src = self._a
+        _launch(lambda: target.__setitem__(..., src), "get (device to host)", stream)
+        if blocking or not is_pinned(target):
+            stream.synchronize()
+        return target
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        """Copy host data in: synchronous on the null stream (CuPy's cudaMemcpy), else queued on
-        the stream, reading ``arr`` when it runs (the host must not touch ``arr`` before a wait)."""
+        """Copy host data in, queued on ``stream`` (default: the current one), as CuPy's
+        ``memcpyAsync``: page-locked ``arr`` is read when the copy runs (the host must not change it
+        before then), pageable ``arr`` at once."""
         if not self.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         if not isinstance(arr, np.ndarray) or arr.shape != self.shape or arr.dtype != self.dtype:
             raise ValueError("fake cupy: set() needs a NumPy array of the same shape and dtype")
         transfers["to_device"] += arr.nbytes
-        if stream is None and fake_stream.current().ptr == 0:
-            fake_stream.device().synchronize()
-            self._a[...] = arr
-        else:
-            _launch(lambda: self._a.__setitem__(..., arr), "set (host to device)")
+        source = arr if is_pinned(arr) else arr.copy()
+        _launch(lambda: self._a.__setitem__(..., source), "set (host to device)",
+                fake_stream.current() if stream is None else stream)
 
     def __getitem__(self, key: Any) -> "ndarray":
         return self._derived(lambda a: a[key], "__getitem__")
@@ -254,8 +291,9 @@ class ndarray:
         _launch(lambda: self._a.__setitem__(key, operand), "__setitem__")
 
     def _read(self) -> np.ndarray:
-        """This array's values on the host, as CuPy's conversions to Python values: after a wait."""
-        fake_stream.device().synchronize()
+        """This array's values on the host, as CuPy's conversions to Python values: after a wait
+        for the current stream."""
+        fake_stream.current().synchronize()
         return self._a
 
     def __bool__(self) -> bool:
@@ -415,8 +453,9 @@ def _modules() -> dict[str, types.ModuleType]:
     cuda.is_available = lambda: True
     cuda.get_current_stream = fake_stream.current
     runtime.getDeviceCount = lambda: 1
+    runtime.getDevice = _current_device
     runtime.deviceSynchronize = lambda: fake_stream.device().synchronize()
-    cupyx.empty_pinned = lambda shape, dtype=float: np.empty(shape, dtype=dtype)
+    cupyx.empty_pinned = empty_pinned
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl, "cupy.cuda.runtime": runtime,
             "cupyx": cupyx}
 

@@ -3,8 +3,10 @@
 Every NCCL call takes raw pointers, as CuPy's does. When the call is made, each pointer is matched
 to the live fake allocation that holds it (an error if none does) and checked for alignment;
 inside ``groupStart()``/``groupEnd()`` the call is issued at ``groupEnd()``, and only if those
-allocations are still alive then. Issued calls are queued on the fake device (fake_stream.py) and
-run when the host synchronises or another rank's device runs the same call. Reductions gather
+allocations are still alive then. Issued calls are queued on their stream of the fake device
+(fake_stream.py), each after the communicator's previous call (as NCCL orders a communicator's
+calls across streams), and run when the host waits for that stream or another rank's device runs
+the same call. Reductions gather
 every rank's buffer and reduce in NumPy in the buffer's dtype (bfloat16 through ml_dtypes); the
 communicator is an MPI communicator of the ranks that built it with the same unique id, found by a
 point-to-point rendezvous at the creating rank.
@@ -83,13 +85,15 @@ class NcclCommunicator:
         self.comm = world.Create_group(world.Get_group().Incl(members), tag)
         self.size, self.rank, self.aborted = ndev, rank, False
         self.id, self.members, self.calls = (root, serial), members, 0
+        self.previous: tuple[int, int] | None = None  # (stream, seq) of the last call queued
 
     def _run(self, fn: Any, stream: int, name: str, *buffers: "_Buffer | None") -> None:
         if self.aborted:
             raise RuntimeError("fake NCCL: communicator was aborted")
-        if stream not in _streams():
+        on = fake_stream.stream_of(stream)
+        if on is None:
             raise RuntimeError(f"fake NCCL: {name}: stream {stream:#x} is no stream of this CuPy")
-        call = (self, fn, name, [b for b in buffers if b is not None])
+        call = (self, fn, name, [b for b in buffers if b is not None], on)
         if _group:
             _group[-1].append(call)
         else:
@@ -170,17 +174,13 @@ def groupEnd() -> None:  # noqa: N802 - CuPy's name
     _issue(_group.pop())
 
 
-def _streams() -> set[int]:
-    return {fake_stream.current().ptr} | fake_stream.stream_pointers()
-
-
 def _issue(calls: list) -> None:
     """Queue NCCL calls on the device, in order, once all their buffers are known to be alive."""
-    for _, _, _, buffers in calls:
+    for _, _, _, buffers, _ in calls:
         for b in buffers:
             b.keep()
     device = fake_stream.device()
-    for comm, fn, name, buffers in calls:
+    for comm, fn, name, buffers, stream in calls:
         comm.calls += 1
         op = (comm.id, comm.calls)
 
@@ -189,7 +189,9 @@ def _issue(calls: list) -> None:
             fn()
             for b in buffers:
                 b.kept = None  # the allocations may go now
-        device.enqueue(run, f"NCCL {name}", op)
+        # NCCL runs a communicator's calls in the order they were issued, whatever their streams
+        comm.previous = device.enqueue(run, f"NCCL {name}", op, stream=stream,
+                                       deps=[comm.previous] if comm.previous is not None else None)
 
 
 def module() -> types.ModuleType:

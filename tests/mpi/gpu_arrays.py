@@ -3,8 +3,14 @@
 
 A test file imports ``REAL_GPU`` and the module-scoped ``cp`` fixture from here, and marks itself
 ``fake_gpu`` when ``REAL_GPU`` is false (so the summary counts those tests apart).
+
+The fake gives every rank a GPU of its own, so NCCL always works there (``NCCL_ALWAYS``), unless
+``MPITEST_FAKE_SHARED_GPU=1`` makes the ranks of a node share one (as on a machine with one GPU for
+several ranks): NCCL is then unusable and the tests check what a GPU node without NCCL does.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -20,6 +26,8 @@ def gpu_available() -> bool:
 
 
 REAL_GPU = gpu_available()
+FAKE_SHARED_GPU = not REAL_GPU and os.environ.get("MPITEST_FAKE_SHARED_GPU") == "1"
+NCCL_ALWAYS = not REAL_GPU and not FAKE_SHARED_GPU  # NCCL works on every rank (the fake's own GPUs)
 
 
 @pytest.fixture(scope="module")

@@ -182,7 +182,7 @@ def test_communication_options_reach_the_tensorflow_strategy(eng, comm):
     """A TensorFlow strategy's CommunicationOptions(compression=...) reach the engine, eagerly and
     inside a tf.function (replica context), with no change in the TensorFlow bridge."""
     tf = pytest.importorskip("tensorflow")
-    from mpidist.strategies.backends import make_tf_strategy
+    from mpidist.tensorflow.classes import make_tf_strategy
     n = comm.Get_size()
     x = tf.constant(np.full(4, 1 + 2.0 ** -20, dtype=np.float32))
     expected = np.full(4, n * (1 + 2.0 ** -20) if n == 1 else n, np.float32)

@@ -22,6 +22,7 @@ from mpidist.values.distributed import Mirrored, PerReplica  # noqa: E402
 from tensorflow.python.distribute import values as tf_values  # noqa: E402  (TF's PerReplica/Mirrored)
 
 from reference import make, reduce_all  # noqa: E402
+from spying import SpyEngine  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -151,23 +152,6 @@ def test_numpy_values_stay_numpy(comm):
     result = mpidist.NcclAllReduce().reduce("sum", every[rank])
     assert isinstance(result, np.ndarray)
     np.testing.assert_array_equal(result, reduce_all(every, "sum"))
-
-
-class SpyEngine:
-    """An engine that records every call's name and keyword arguments."""
-
-    def __init__(self, engine):
-        self._engine, self.calls = engine, []
-
-    def __getattr__(self, name):
-        target = getattr(self._engine, name)
-        if not callable(target):
-            return target
-
-        def spy(*args, **kwargs):
-            self.calls.append((name, kwargs))
-            return target(*args, **kwargs)
-        return spy
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 
 import mpidist
-from mpidist.collectives import deadline
 from mpidist.errors import CommunicatorBrokenError, DeadlineExceededError
+from late_rank import arrive_late, expiring
 
 pytestmark = pytest.mark.mpi(min_size=2)
-
-
-EXPIRED = 7301  # tag of "my deadline has passed", sent to the late rank on COMM_WORLD
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "barrier"])
@@ -32,21 +29,16 @@ def test_late_rank(comm, rc_settings, collective):
            "broadcast": lambda **kw: engine.broadcast(x, root=late, **kw),  # non-roots wait for the root
            "barrier": lambda **kw: engine.barrier(**kw)}[collective]
     if engine.rank == late:
-        for other in range(engine.size - 1):  # arrive only once every other rank's deadline has passed
-            comm.recv(source=other, tag=EXPIRED)
+        arrive_late(comm, late)  # only once every other rank's deadline has passed
         run(timeout_seconds=30)  # completes: the others' abandoned requests are still posted
     else:
         start = time.monotonic()
-        try:
+        with expiring(comm, late):
             with pytest.raises(DeadlineExceededError, match=f"{collective}: not finished within timeout_seconds=0.5"):
                 run(timeout_seconds=0.5)
             assert time.monotonic() - start >= 0.5
             with pytest.raises(CommunicatorBrokenError, match="refuses collectives because"):
                 engine.allreduce(x)
-        finally:  # a failure here must not leave the late rank waiting
-            comm.send(None, dest=late, tag=EXPIRED)
-        while deadline.pending():  # the late rank's arrival completes the abandoned request
-            time.sleep(0.01)
     comm.Barrier()
     # recovery: a fresh communicator makes the broken engine usable again, on every rank
     fresh = comm.Dup()

@@ -74,3 +74,72 @@ def test_the_fake_stream_keeps_work_pending_until_a_wait(cp):
     while not stream.done:  # polling is waiting too
         pass
     np.testing.assert_array_equal(raw(x), 3)
+
+
+def test_the_fake_streams_are_ordered_only_by_events(cp):
+    """Each stream is a queue of its own: waiting for one leaves another's work pending, unless an
+    event (or the null stream's implicit waits, for blocking streams) orders them."""
+    def raw(a):
+        return np.frombuffer((ctypes.c_char * a.nbytes).from_address(a.data.ptr), dtype=a.dtype).copy()
+
+    one, two = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with one:
+        x = cp.zeros(4, dtype=cp.float32)
+        x += 1
+    with two:
+        y = x * 2  # reads x on another stream, without an event: stale
+        two.synchronize()
+    assert not (raw(y) == 2).all()
+    one.synchronize()
+    with one:
+        x += 1
+        done = one.record()
+    with two:
+        two.wait_event(done)
+        z = x * 2  # ordered after x += 1 by the event
+        two.synchronize()
+    np.testing.assert_array_equal(raw(z), 4)
+    blocking = cp.cuda.Stream()
+    with blocking:
+        w = cp.ones(4, dtype=cp.float32)
+    v = w * 3  # on the null stream: waits for the blocking stream's earlier work
+    cp.cuda.Stream.null.synchronize()
+    np.testing.assert_array_equal(raw(v), 3)
+
+
+def test_the_fake_current_stream_and_device_are_per_thread(cp):
+    import threading
+    side = cp.cuda.Stream(non_blocking=True)
+    seen = {}
+    with side:
+        thread = threading.Thread(target=lambda: seen.update(stream=cp.cuda.get_current_stream(),
+                                                             device=cp.cuda.runtime.getDevice()))
+        thread.start()
+        thread.join()
+        assert cp.cuda.get_current_stream() is side
+    assert seen["stream"].ptr == 0 and seen["device"] == 0
+
+
+def test_the_fake_pinned_copies_are_asynchronous_and_counted(cp):
+    import cupyx
+    import fake_stream
+    stream = cp.cuda.Stream(non_blocking=True)
+    pinned, pageable = cupyx.empty_pinned(4, dtype=np.float32), np.ones(4, dtype=np.float32)
+    pinned[...] = 1
+    a, b = cp.empty(4, dtype=cp.float32), cp.empty(4, dtype=cp.float32)
+    a.set(pinned, stream=stream)
+    b.set(pageable, stream=stream)
+    pinned[...] = 7   # before the copy ran: page-locked memory is read when it runs
+    pageable[...] = 7  # pageable memory was read at once
+    waits = fake_stream.device().waits
+    np.testing.assert_array_equal(a.get(stream=stream), 7)
+    np.testing.assert_array_equal(b.get(stream=stream), 1)
+    assert fake_stream.device().waits == waits + 2  # two blocking copies to the host
+    out = cupyx.empty_pinned(4, dtype=np.float32)
+    out[...] = 0
+    with stream:
+        a += 1
+        a.get(out=out, blocking=False)
+    assert (out == 0).all()  # queued, not run
+    stream.synchronize()
+    np.testing.assert_array_equal(out, 8)

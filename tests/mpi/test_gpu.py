@@ -4,8 +4,8 @@ With a CUDA GPU and CuPy these run on the GPU. Without one (CI), the CuPy tests 
 ``fake_cupy``, a stand-in backed by host memory with NCCL over MPI: that tests mpidist's GPU logic
 (dispatch, paths, packing, NCCL groups, NCCL+MPI across fake nodes, staging, zero host copies on
 the NCCL and device-MPI paths) but not CuPy, CUDA or NCCL themselves. The TensorFlow GPU tests need
-a real GPU and skip without one. These tests have NOT been run on a real GPU yet. On a GPU node
-(see docs/gpu.md):
+a real GPU and skip without one. The CuPy tests have run on a real GPU (docs/gpu.md); the
+TensorFlow GPU tests have not. On a GPU node (see docs/gpu.md):
 
     mpirun -n 2 python tests/mpi_pytest.py -q --with-mpi tests/mpi/test_gpu.py
 
@@ -35,7 +35,7 @@ from mpidist.collectives.gpu import facts as gpu_facts, paths, transports
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
 from mpidist.topology import mpi_library
-from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
+from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 
 
@@ -98,7 +98,7 @@ def nccl_usable(s: Setup) -> bool:
     """The fake gives every rank its own pretend GPU, so NCCL always works there; on real GPUs it
     depends on the machine (two ranks on one GPU), which the job's facts record."""
     facts = gpu_facts.state(s.engine).facts
-    if not REAL_GPU:
+    if NCCL_ALWAYS:
         assert facts.nccl_reason is None, facts
         return True
     return facts.nccl_reason is None
@@ -306,7 +306,9 @@ def test_timeline_records_the_path_and_its_nccl_and_mpi_steps(setup, cp, comm):
     assert spans[0]["args"]["bytes"] == 5000 * 4 + 3 * 8 and spans[0]["args"]["op"] == "SUM"
     transfers = [e["args"] for e in events if e["name"] == "transfer"]
     nccl = [t for t in transfers if "nccl" in t]
-    if setup.path.uses_nccl:
+    if setup.path.uses_nccl and setup.path is not Path.NCCL and setup.engine.topology.local_size == 1:
+        assert nccl == [] and all("mpi" in t for t in transfers), transfers  # a node of one rank: no NCCL steps
+    elif setup.path.uses_nccl:
         assert {t["nccl"] for t in nccl} >= {"broadcast"} and any(t["nccl"] != "broadcast" for t in nccl), transfers
         across = [t for t in transfers if "mpi" in t]  # the MPI steps between nodes
         if setup.path is Path.NCCL:
@@ -325,13 +327,22 @@ def test_host_on_one_rank_device_on_others_is_a_mismatch(setup, cp):
         call(setup, "allreduce", value)
 
 
-def test_bench_gpu_runs_and_reports_the_path(cp, comm):
-    """``python -m mpidist bench gpu``'s measurement loop (on the fake CuPy its times mean nothing)."""
+def test_bench_gpu_runs_and_reports_the_paths(cp, comm):
+    """``python -m mpidist bench gpu``'s measurements (on the fake CuPy their times mean nothing).
+    Where NCCL cannot join every rank (ranks sharing a GPU), the NCCL part is refused with why."""
     from mpidist.bench import gpu as bench_gpu
-    rows, path = bench_gpu.run([4096, 65536], 0.01, comm)
-    assert [r["bytes"] for r in rows] == [4096, 65536]
-    assert all(r["raw NCCL"] > 0 and r["mpidist"] > 0 for r in rows), rows
-    assert path in {p.value for p in Path}
+    out = bench_gpu.run([4096, 65536], [4096], 0.01, comm)
+    if out["refused"] is not None:
+        assert not NCCL_ALWAYS and out["nccl"] is None and "NCCL" in out["refused"], out
+    else:
+        assert [r["bytes"] for r in out["nccl"]] == [4096, 65536]
+        assert all(r["median"]["raw NCCL"] > 0 and r["median"]["mpidist"] > 0 for r in out["nccl"]), out
+    assert [r["bytes"] for r in out["staged"]] == [4096]
+    assert out["staged"][0]["median"]["loop"] > 0 and out["staged"][0]["median"]["auto"] > 0
+    assert {out["paths"]["auto"], out["paths"]["ring"]} <= {p.value for p in Path}
+    assert out["paths"]["ring"] in ("mpi-staged", "mpi-device")
+    text = bench_gpu.tables(out)
+    assert "staged allreduce" in text and ("refused" in text) is (out["refused"] is not None)
 
 
 # -- strategies (NumPy framework) -------------------------------------------------------------------
@@ -371,7 +382,7 @@ def test_nccl_all_reduce_and_ring_on_cupy(cp, comm):
     try:
         got = mirrored.reduce("SUM", [cp.asarray([rank]), cp.ones(3)], axis=None)
     except GpuUnavailableError as err:
-        if not REAL_GPU:  # the fake gives every rank its own pretend GPU: NCCL must work
+        if NCCL_ALWAYS:  # the fake gives every rank its own pretend GPU: NCCL must work
             raise
         # on a GPU node NCCL may be unusable (ranks sharing a GPU): then the job's facts say why
         assert state.facts.nccl_reason and str(err) == f"NcclAllReduce: NCCL is not available: {state.facts.nccl_reason}"

@@ -357,5 +357,72 @@ def test_partial_distributed_optimizer_keeps_local_layers_local(scale):
         else:
             want = s - 0.1 * np.mean([g[i] for g in everyone], axis=0)
         np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+    with pytest.raises(TypeError, match="must be a Keras optimizer"):
         hvdk.PartialDistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), local_layers=[local])
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_compute_gradients_then_apply_reduces_once(mode):
+    """Horovod's Keras 2 method on Keras 3: _compute_gradients allreduces, apply_gradients of its
+    pairs does not reduce again (op=Sum would count every rank's gradient twice)."""
+    n, me = hvd.size(), hvd.rank()
+    v = tf.Variable([0.0, 0.0])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd.Sum)
+    coef = tf.constant([me + 1.0, 2.0])
+
+    def step():
+        pairs = opt._compute_gradients(lambda: tf.reduce_sum(coef * v), var_list=[v])
+        opt.apply_gradients(pairs)
+        return pairs[0][0]
+
+    grad = (step if mode == "eager" else tf.function(step))()
+    want = np.array([sum(r + 1.0 for r in range(n)), 2.0 * n])
+    np.testing.assert_allclose(grad.numpy(), want)
+    np.testing.assert_allclose(v.numpy(), -want)
+    model = make_model()  # fit still reduces in apply (once)
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    x, y = batch(me, rows=4)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert hvd.allgather_object(weights(model).tolist()) == [weights(model).tolist()] * n
+
+
+def test_broadcast_callback_keeps_local_variables():
+    n, me = hvd.size(), hvd.rank()
+    root = n - 1
+    init = keras.initializers.Constant(float(me))
+    model = keras.Sequential([keras.Input((3,)),
+                              keras.layers.Dense(3, kernel_initializer=init, bias_initializer=init, trainable=False),
+                              keras.layers.Dense(2, kernel_initializer=init, bias_initializer=init)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    local = model.layers[0].variables
+    x, y = batch(me, rows=4)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local)])
+    for v in model.variables:
+        want = float(me) if any(v is lv for lv in local) else float(root)
+        np.testing.assert_array_equal(v.numpy(), np.full(v.shape, want, np.float32))
+    with pytest.raises(ValueError, match="local_variables"):
+        hvdk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[np.zeros(2)])
+
+
+def test_elastic_keras_state_sync_commit_restore():
+    n, me = hvd.size(), hvd.rank()
+    keras.utils.set_random_seed(50 + me)  # different weights on every rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam(0.01)
+    opt.build(model.trainable_variables)
+    state = hvdk.elastic.KerasState(model, opt, batch=10 + me, epoch=me)
+    state.sync()
+    synced = weights(model)
+    assert hvd.allgather_object(synced.tolist()) == [synced.tolist()] * n
+    assert (state.batch, state.epoch) == (10, 0)
+    model.set_weights([w + 1 for w in model.get_weights()])
+    state.batch = 99
+    state.restore()
+    np.testing.assert_array_equal(weights(model), synced)
+    assert state.batch == 10
+    model.set_weights([w * 2 for w in model.get_weights()])
+    state.commit()
+    state.restore()
+    np.testing.assert_array_equal(weights(model), synced * 2)
+    assert hvdk.elastic.run(lambda s, k: (s.batch, k))(state, 3) == (10, 3)

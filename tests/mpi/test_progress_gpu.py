@@ -9,7 +9,7 @@ import pytest
 import mpidist
 from mpidist.collectives.gpu import facts as gpu_facts, paths
 from mpidist.overlap import GradientBuckets
-from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
+from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import make, reduce_all
 
 
@@ -65,7 +65,34 @@ def test_the_callers_implementation_block_reaches_the_progress_thread(cp, comm):
             with paths.implementation(implementation):
                 pending = engine.allreduce_async(cp.ones(4, dtype=cp.float32))
             np.testing.assert_array_equal(cp.asnumpy(pending.wait()), np.full(4, comm.Get_size(), np.float32))
-            if implementation == "ring" or not REAL_GPU:  # the fake's NCCL always works
+            if implementation == "ring" or NCCL_ALWAYS:  # the fake's NCCL always works
                 assert state.last_path.uses_nccl is nccl, state.last_path
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("implementation", ["auto", "ring"])
+def test_async_runs_on_the_submitters_stream(cp, comm, implementation):
+    """CuPy's current stream is per thread: the progress thread must run the collective on the
+    stream of the thread that submitted it (here a non-blocking one, which the null stream does not
+    wait for), after the work that produced the arrays, and its result is ordered on that stream."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    engine = mpidist.Engine(comm)
+    mine, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    options = mpidist.collectives.CallOptions(implementation=implementation)
+    try:
+        host = [make(r, np.float32, (1000,), seed=5) for r in range(size)]
+        expected = reduce_all([3 * h for h in host], "sum")
+        for step in range(3):  # the first call, then the engine's repeats
+            with mine:
+                x = cp.asarray(host[rank])
+                x *= 3  # pending on `mine` until someone waits for it
+                pending = engine.allreduce_async([x, x + 0], "sum", options=options)
+                with other:  # work on another stream meanwhile: not what the collective must wait for
+                    cp.ones(10, dtype=cp.float32) * 2
+                got = pending.wait()
+                for g in got:
+                    assert isinstance(g, cp.ndarray)
+                    np.testing.assert_array_equal(g.get(stream=mine), expected)
     finally:
         engine.close()

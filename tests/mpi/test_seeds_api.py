@@ -8,7 +8,6 @@ TensorFlow-only semantics (variables, gradients, error types) are in test_seeds_
 from __future__ import annotations
 
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,8 +15,9 @@ import numpy as np
 import pytest
 
 import mpidist
-from mpidist.collectives import deadline
+from late_rank import arrive_late, expiring
 from reference import assert_same
+from spying import effective
 
 try:
     import tensorflow as tf
@@ -64,13 +64,13 @@ def strategy(mode):
 
 @pytest.fixture
 def engine_calls(monkeypatch):
-    """Every Engine.allreduce / allgather call's keyword arguments, in order."""
+    """Every Engine.allreduce / allgather call's effective keyword arguments (spying.py), in order."""
     calls = []
     for name in ("allreduce", "allgather"):
         original = getattr(mpidist.Engine, name)
 
         def spy(self, *args, _original=original, _name=name, **kwargs):
-            calls.append((_name, kwargs))
+            calls.append((_name, effective(kwargs)))
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(mpidist.Engine, name, spy)
     return calls
@@ -140,9 +140,6 @@ def test_tensorflow_collective_hints_object(comm, engine_calls):
     assert [(kw.get("bytes_per_pack"), kw.get("timeout_seconds")) for _, kw in engine_calls] == [(2048, 90)]
 
 
-EXPIRED = 7303  # tag of "my deadline has passed", sent to the late rank on COMM_WORLD
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("how", MODES)
 def test_collective_hints_timeout_fires(comm, how):
@@ -161,12 +158,11 @@ def test_collective_hints_timeout_fires(comm, how):
 
     with mpidist.rc.override(check_agreement=False, algorithm="flat"):
         if comm.Get_rank() == late:
-            for other in range(comm.Get_size() - 1):
-                comm.recv(source=other, tag=EXPIRED)
+            arrive_late(comm, late)
             # completes: the others' abandoned requests are still posted
             assert_same(call(how, step, np.ones(4, np.float32)), np.full(4, comm.Get_size(), np.float32))
         else:
-            try:
+            with expiring(comm, late):
                 try:
                     call(how, step, np.ones(4, np.float32))
                     outcome = "no error"
@@ -176,10 +172,6 @@ def test_collective_hints_timeout_fires(comm, how):
                         assert isinstance(error, tf.errors.DeadlineExceededError)
                         assert error.error_code == tf.errors.DEADLINE_EXCEEDED
                 assert outcome == "deadline"
-            finally:  # a failure here must not leave the late rank waiting
-                comm.send(None, dest=late, tag=EXPIRED)
-            while deadline.pending():
-                time.sleep(0.01)
     comm.Barrier()
 
 

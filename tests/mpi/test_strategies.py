@@ -79,6 +79,50 @@ def test_reduce_along_axis_with_uneven_last_batch(strategy, comm, op):
         assert got[k].dtype == everything[k].dtype
 
 
+def reference_along(op: str, values: list[np.ndarray], axes: tuple[int, ...]) -> np.ndarray:
+    """Every rank's value reduced along ``axes`` and across ranks, as one process would: rows of
+    every rank concatenated when axis 0 is reduced, else the ranks stacked as a new leading axis."""
+    fn = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max, "MIN": np.min}[op]
+    if 0 in axes:
+        return fn(np.concatenate(values), axis=axes)
+    return fn(np.stack(values), axis=(0,) + tuple(a + 1 for a in axes))
+
+
+@pytest.mark.parametrize("axis", [(0, 2), [1, 2], (2, -3), (1,), -1])
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX", "MIN"])
+def test_reduce_along_several_axes(strategy, comm, op, axis):
+    """A tuple (or list) of axes, as the TensorFlow strategies take: MEAN over every element along them."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    rows = [1 + r % 3 if 0 in {a % 3 for a in np.atleast_1d(axis)} else 2 for r in range(size)]
+    make = lambda r: np.random.default_rng([7, r]).normal(size=(rows[r], 3, 4))  # noqa: E731
+    got = strategy.reduce(op, {"v": make(rank)}, axis=axis)["v"]
+    axes = tuple(sorted(a % 3 for a in np.atleast_1d(axis)))
+    np.testing.assert_allclose(got, reference_along(op, [make(r) for r in range(size)], axes), rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [0, -1, (0,), [-1]])
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+def test_reduce_scalar_along_axis_0_counts_one_element(strategy, comm, op, axis):
+    """Keras's multi-worker path calls reduce("MEAN", scalar, axis=0): each rank's scalar is one row."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    got = strategy.reduce(op, [np.float64(rank + 0.5), 3.0], axis=axis)
+    everything = np.array([r + 0.5 for r in range(size)])
+    fn = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max}[op]
+    np.testing.assert_allclose(got[0], fn(everything))
+    np.testing.assert_allclose(got[1], {"SUM": 3.0 * size, "MEAN": 3.0, "MAX": 3.0}[op])
+
+
+def test_reduce_axis_errors_name_the_axis(strategy):
+    with pytest.raises(ValueError, match=r"`axis` 1 is out of range for a scalar value"):
+        strategy.reduce("SUM", np.float64(1.0), axis=1)
+    with pytest.raises(ValueError, match=r"`axis` \(0, -2\) names the same axis twice"):
+        strategy.reduce("SUM", np.ones((2, 2)), axis=(0, -2))
+    with pytest.raises(ValueError, match=r"`axis` \(0, 2\) is out of range for a value of rank 2"):
+        strategy.reduce("SUM", np.ones((2, 2)), axis=(0, 2))
+    with pytest.raises(TypeError, match=r"`axis` must be an int, a list/tuple of ints, or None, got \(\)"):
+        strategy.reduce("SUM", np.ones((2, 2)), axis=())
+
+
 def test_gather_ragged_along_axis(strategy, comm):
     size, rank = comm.Get_size(), comm.Get_rank()
     got = strategy.gather(np.full((2, rank + 1), rank, dtype=np.int32), axis=1)
@@ -139,7 +183,7 @@ def test_cross_device_ops_validation():
     for cls in (mpidist.NcclAllReduce, mpidist.HierarchicalCopyAllReduce):
         with pytest.raises(ValueError, match=f"{cls.__name__}: `num_packs` must be an integer >= 0, got -1"):
             cls(num_packs=-1)
-    with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0, got -5"):
+    with pytest.raises(ValueError, match="CommunicationOptions: `bytes_per_pack` must be an integer >= 0 or None, got -5"):
         mpidist.experimental.CommunicationOptions(bytes_per_pack=-5)
     with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy.reduce: `reduce_op` must be one of"):
         mpidist.MultiWorkerMirroredStrategy().reduce("avg-ish", np.ones(1), axis=None)

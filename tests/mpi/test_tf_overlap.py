@@ -16,7 +16,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.strategies.backends import make_tf_strategy  # noqa: E402
+from mpidist.tensorflow.classes import make_tf_strategy  # noqa: E402
 from mpidist.tensorflow import buckets  # noqa: E402
 
 pytestmark = pytest.mark.mpi

@@ -6,7 +6,6 @@ Every check compares with NumPy over all ranks' inputs, which each rank computes
 from __future__ import annotations
 
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,10 +15,11 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import mpidist  # noqa: E402
-from mpidist.collectives import deadline  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.cross_device.reduce_op import ReduceOp  # noqa: E402
 from mpidist.tensorflow import XlaCollectiveError, _tf_private, make_strategy  # noqa: E402
+from late_rank import arrive_late, expiring  # noqa: E402
+from spying import SpyEngine  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 MODES = ["eager", "function"]
@@ -40,23 +40,6 @@ def function(fn):
 
 def call(mode: str, fn, *args):
     return function(fn)(*args) if mode == "function" else fn(*args)
-
-
-class SpyEngine:
-    """An engine that records every call's name and keyword arguments."""
-
-    def __init__(self, engine):
-        self._engine, self.calls = engine, []
-
-    def __getattr__(self, name):
-        target = getattr(self._engine, name)
-        if not callable(target):
-            return target
-
-        def spy(*args, **kwargs):
-            self.calls.append((name, kwargs))
-            return target(*args, **kwargs)
-        return spy
 
 
 def test_genuine_strategy(strategy, eng):
@@ -336,9 +319,6 @@ def test_other_kinds(eng, comm):
     local_engine.close()
 
 
-EXPIRED = 7302  # tag of "my deadline has passed", sent to the late rank on COMM_WORLD
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", MODES)
 def test_timeout_reaches_the_engine(comm, mode):
@@ -352,21 +332,16 @@ def test_timeout_reaches_the_engine(comm, mode):
     step = tf.function(step) if mode == "function" else step
     with mpidist.rc.override(check_agreement=False, algorithm="flat"):
         if engine.rank == late:
-            for other in range(engine.size - 1):
-                comm.recv(source=other, tag=EXPIRED)
+            arrive_late(comm, late)
             step(tf.ones([4]))  # completes: the others' abandoned requests are still posted
         else:
             # eagerly the error is mpidist's DeadlineExceededError, also a tf.errors.DeadlineExceededError;
             # from a tf.function a genuine tf.errors.DeadlineExceededError (mpidist's message in the log)
             match = "not finished within timeout_seconds=0.5" if mode == "eager" else "deadline_exceeded"
-            try:
+            with expiring(comm, late):
                 with pytest.raises(tf.errors.DeadlineExceededError, match=match):
                     step(tf.ones([4]))
                 with pytest.raises((mpidist.errors.CommunicatorBrokenError, tf.errors.UnknownError),
                                    match="refuses collectives"):
                     step(tf.ones([4]))
-            finally:  # a failure here must not leave the late rank waiting
-                comm.send(None, dest=late, tag=EXPIRED)
-            while deadline.pending():
-                time.sleep(0.01)
     comm.Barrier()

@@ -1,15 +1,19 @@
-"""A real single-node Slurm for tests: Debian packages, daemons in a temporary directory, as root.
+"""A real Slurm for tests: Debian packages, daemons in a temporary directory, as root; one node
+(this host) or two (two host names in namespaces of their own on this machine, see nodes.py).
 
     ensure_installed()               # apt-get install the packages once (idempotent)
-    with SlurmCluster() as cluster:  # munged, slurmctld, slurmd; stopped (and swept) on exit
+    with SlurmCluster(nodes=2) as cluster:  # munged, slurmctld, a slurmd per node; stopped (and swept) on exit
         job = cluster.submit("slurm/cpu_multinode.sbatch", "job.py", options=["-N1", "-n2"])
         assert job.exit_code == 0, job
         job_id = cluster.sbatch("slurm/elastic.sbatch", "job.py")  # or: act on a job while it runs
         cluster.wait_for(job_id, lambda fields: fields["JobState"] == "RUNNING", 30, "the start")
         result = cluster.wait(job_id)
 
-The node advertises ``cpus`` CPUs whatever the hardware has (``SlurmdParameters=config_overrides``)
+Every node advertises ``cpus`` CPUs whatever the hardware has (``SlurmdParameters=config_overrides``)
 and ``gpus`` fake GPUs (character devices that are /dev/null, so Slurm sets CUDA_VISIBLE_DEVICES).
+With two nodes, node1 and node2 are network namespaces of their own (198.18.0.1 and .2, joined by
+a veth pair; their slurmd daemons run under those host names), slurmctld runs in node1's, and so
+do the client commands (``command``, ``sbatch``): nothing listens outside the namespaces.
 Every wait has a timeout; a failure message carries the daemons' log tails.
 """
 from __future__ import annotations
@@ -30,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
+
+from .nodes import Nodes
 
 PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "libpmix2")
 COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
@@ -190,17 +196,28 @@ class JobResult:
 
 
 class SlurmCluster:
-    """One node (this host) running slurmctld and slurmd as root, in a fresh temporary directory."""
+    """slurmctld and a slurmd per node as root, in a fresh temporary directory: ``nodes=1`` runs
+    them on this host as it is, ``nodes=2`` on two nodes made of namespaces (see nodes.py; only
+    where :func:`nodes.unavailable` says nothing)."""
 
-    def __init__(self, cpus: int = 4, gpus: int = 4) -> None:
+    def __init__(self, cpus: int = 4, gpus: int = 4, nodes: int = 1) -> None:
+        if nodes not in (1, 2):
+            raise ValueError(f"SlurmCluster: `nodes` must be 1 or 2, got {nodes}")
         self.cpus, self.gpus = cpus, gpus
-        self.host = socket.gethostname().split(".")[0]  # what `hostname -s` prints
+        self.host = socket.gethostname().split(".")[0]  # what `hostname -s` prints: slurmctld's host
         clean_stale_clusters()
         self.root = Path(tempfile.mkdtemp(prefix="mpidist-slurm-"))
         (self.root / "owner").write_text(str(os.getpid()))
         self.conf = self.root / "slurm.conf"
+        self.node_names = [self.host] if nodes == 1 else ["node1", "node2"]
+        self.one_node_reason: str | None = None  # why a one-node cluster was made (set by its maker)
+        self._nodes = Nodes(self.node_names, self.environ(), str(self.root)) if nodes > 1 else None
         self._procs: dict[str, subprocess.Popen] = {}
         self._started = False
+
+    def _in_node(self, index: int, cmd: Sequence[str], host: bool = False) -> list[str]:
+        """``cmd`` as run on node ``index`` (unchanged on a one-node cluster)."""
+        return list(cmd) if self._nodes is None else self._nodes.enter(index, cmd, host=host)
 
     # ---- environment for clients and jobs ----------------------------------------------------
     def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -212,16 +229,23 @@ class SlurmCluster:
         env.update(extra or {})
         return env
 
-    def command(self, *cmd: str, timeout: float = 15.0) -> subprocess.CompletedProcess:
-        """Run a Slurm client command against this cluster."""
-        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=self.environ())
+    def command(self, *cmd: str, timeout: float = 15.0, env: Mapping[str, str] | None = None,
+                cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm client command (or srun's program) against this cluster, on its first node."""
+        return subprocess.run(self._in_node(0, cmd), capture_output=True, text=True, timeout=timeout,
+                              env=self.environ(env), cwd=cwd)
 
     # ---- start / stop ------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> None:
         atexit.register(self.stop)
         self._started = True
-        for sub in ("state", "spool", "munge", "dev"):
+        for sub in ("state", "spool", "munge", "dev", "tmp"):
             (self.root / sub).mkdir(mode=0o700)
+        for name in self.node_names:  # per node: what real nodes have on local disks (%n in slurm.conf)
+            for sub in ("spool", "dev", "tmp"):  # tmp: the pmix plugin's per-step directories
+                (self.root / sub / name).mkdir(mode=0o700)
+        if self._nodes is not None:
+            self._nodes.start()
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -229,15 +253,17 @@ class SlurmCluster:
         gres = self._fake_gpus()
         self.conf.write_text(self._slurm_conf(munge_socket, gres))
         if gres:
-            (self.root / "gres.conf").write_text(f"Name=gpu File={self.root}/dev/nvidia[0-{self.gpus - 1}]\n")
+            (self.root / "gres.conf").write_text("".join(
+                f"NodeName={n} Name=gpu File={self.root}/dev/{n}/nvidia[0-{self.gpus - 1}]\n" for n in self.node_names))
 
         m = self.root / "munge"
-        self._spawn("munged", "munged", "-F", "-f", f"--key-file={key}", f"--socket={munge_socket}",
+        self._spawn("munged", 0, False, "munged", "-F", "-f", f"--key-file={key}", f"--socket={munge_socket}",
                     f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'seed'}")
         self._wait(lambda: munge_socket.exists(), timeout, f"munged's socket {munge_socket}")
-        self._spawn("slurmctld", "slurmctld", "-D", "-f", str(self.conf))
-        self._spawn("slurmd", "slurmd", "-D", "-f", str(self.conf), "-N", self.host)
-        self._wait(self._node_idle, timeout, f"node {self.host} in state idle (sinfo)")
+        self._spawn("slurmctld", 0, False, "slurmctld", "-D", "-f", str(self.conf))
+        for i, name in enumerate(self.node_names):  # each under its node's host name
+            self._spawn(f"slurmd-{name}", i, self._nodes is not None, "slurmd", "-D", "-f", str(self.conf), "-N", name)
+        self._wait(self._nodes_idle, timeout, f"node(s) {','.join(self.node_names)} in state idle (sinfo)")
 
     def stop(self, timeout: float = 20.0) -> None:
         """Cancel jobs, stop the daemons, kill whatever still runs under this cluster. Idempotent."""
@@ -249,7 +275,7 @@ class SlurmCluster:
                 self.command("scancel", "--user", str(os.geteuid()), timeout=5)
                 self._wait(lambda: not self.command("squeue", "-h", "-o", "%i", timeout=5).stdout.strip(),
                            timeout / 2, "no jobs left in squeue")
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [*(f"slurmd-{n}" for n in self.node_names), "slurmctld", "munged"]:
             proc = self._procs.pop(name, None)
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -259,6 +285,8 @@ class SlurmCluster:
                     proc.kill()
                     proc.wait(5)
         kill_processes_of(self.conf)
+        if self._nodes is not None:
+            self._nodes.stop()
         if os.environ.get("MPITEST_SLURM_KEEP") == "1":
             (self.root / "kept").touch()
             print(f"slurm test cluster kept in {self.root}")
@@ -286,7 +314,8 @@ class SlurmCluster:
         """sbatch ``script`` with ``args`` (output to :meth:`output_path`); return the job id at once."""
         cmd = ["sbatch", "--parsable", f"--output={self.root / 'job-%j.out'}", "--time=2", *options,
                str(script), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=15, cwd=cwd, env=self.environ(env))
+        proc = subprocess.run(self._in_node(0, cmd), capture_output=True, text=True, timeout=15, cwd=cwd,
+                              env=self.environ(env))
         if proc.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}, expected a job id:\n"
                                f"{proc.stdout}{proc.stderr}")
@@ -333,9 +362,13 @@ class SlurmCluster:
     def _slurm_conf(self, munge_socket: Path, gres: str) -> str:
         r = self.root
         ctld_port, slurmd_port = _free_ports(2)
+        addresses = ["127.0.0.1"] if self._nodes is None else self._nodes.addresses
+        node_lines = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={self.cpus} {gres} State=UNKNOWN"
+                               for n, a in zip(self.node_names, addresses))
+        # one port for every slurmd (each node has its own addresses); %n: the node's name
         return f"""\
 ClusterName=mpidisttest
-SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldHost={self.host}({addresses[0]})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -344,11 +377,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket}
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool/%n
+TmpFS={r}/tmp/%n
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd-%n.pid
 SlurmctldLogFile={r}/slurmctld.log
-SlurmdLogFile={r}/slurmd.log
+SlurmdLogFile={r}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -365,37 +399,39 @@ SlurmdParameters=config_overrides
 KillWait=5
 MinJobAge=600
 {"GresTypes=gpu" if gres else ""}
-NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} {gres} State=UNKNOWN
+{node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
     def _fake_gpus(self) -> str:
         """Character devices standing for GPUs (Slurm sets CUDA_VISIBLE_DEVICES from their numbers)."""
         try:
-            for i in range(self.gpus):
-                os.mknod(self.root / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            for name in self.node_names:
+                for i in range(self.gpus):
+                    os.mknod(self.root / "dev" / name / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
         except OSError:
             self.gpus = 0  # no mknod here (unprivileged container): no GPU tests
         return f"Gres=gpu:{self.gpus}" if self.gpus else ""
 
-    def _spawn(self, name: str, *cmd: str) -> None:
+    def _spawn(self, name: str, node: int, host: bool, *cmd: str) -> None:
+        """Start a daemon on node ``node`` (with ``host``: under the node's host name)."""
         exe = _which(cmd[0])
         if exe is None:
             raise ClusterUnavailable(f"{cmd[0]} not found on PATH or in {SBIN_PATH}")
         log = open(self.root / f"{name}.stderr", "w")
         with log:
-            self._procs[name] = subprocess.Popen([exe, *cmd[1:]], stdin=subprocess.DEVNULL, stdout=log,
+            self._procs[name] = subprocess.Popen(self._in_node(node, [exe, *cmd[1:]], host), stdin=subprocess.DEVNULL, stdout=log,
                                                  stderr=subprocess.STDOUT, env=self.environ(),
                                                  cwd=self.root, start_new_session=True,
                                                  preexec_fn=_die_with_parent)
 
-    def _node_idle(self) -> bool:
+    def _nodes_idle(self) -> bool:
         for name, proc in self._procs.items():
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode} while starting, expected it to run:\n"
                                    f"{self._read(self.root / f'{name}.stderr')}\n{self.logs()}")
-        state = self.command("sinfo", "-h", "-N", "-n", self.host, "-o", "%T", timeout=5).stdout.strip()
-        return state == "idle"
+        states = self.command("sinfo", "-h", "-N", "-o", "%N %T", timeout=5).stdout.split()
+        return dict(zip(states[::2], states[1::2])) == {n: "idle" for n in self.node_names}
 
     def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

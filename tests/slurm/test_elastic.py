@@ -2,12 +2,15 @@
 allocation, srun direct launch does not, and preemption (SIGUSR1 to the batch shell, or Slurm's
 SIGTERM when it requeues the job) writes a checkpoint that the requeued run resumes from.
 
+The tests marked "up to 2 nodes" run on both nodes of the test cluster (2 ranks each: mpirun on
+node1 starts its daemon on node2 through srun, the ranks talk over TCP), or on its one node where
+two cannot be made here (conftest.py says why).
+
 The jobs are tests/launch/jobs/elastic_numpy.py and elastic_preempt.py: gradients depend on each
 process's original rank and the step with integer values, so the expected results are exact.
 """
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import sys
@@ -20,6 +23,9 @@ import pytest
 from .cluster import FINAL_STATES, JobResult, SlurmCluster
 from .conftest import REPO, TEMPLATES
 
+sys.path.insert(0, str(REPO / "tests" / "launch"))  # the elastic jobs' results and checks live beside them
+from elastic_segments import check_survivors, replay, results  # noqa: E402
+
 Sbatch = Callable[..., JobResult]  # the `sbatch` fixture of conftest.py
 LAUNCH_JOBS = REPO / "tests" / "launch" / "jobs"
 SRUN_ULFM = Path(__file__).resolve().parent / "jobs" / "srun_ulfm.sbatch"
@@ -29,51 +35,34 @@ MPIRUN_ARGS = "--bind-to none --mca mpi_yield_when_idle 1"
 TIME = "--time=10"
 
 
-def results(output: str) -> list[dict]:
-    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+def nodes_for(slurm: SlurmCluster, wanted: int) -> int:
+    """``wanted`` nodes where the cluster has them, else all it has."""
+    return min(wanted, len(slurm.node_names))
 
 
-def gradient(rank: int, step: int) -> np.ndarray:  # as in the jobs
-    return (rank + 1) * (step + 1) * np.arange(1, 5, dtype=np.float64)
+def assert_placed(job: JobResult, n: int, nodes: int) -> None:
+    """The template's first line says where the job ran (every run of a requeued job)."""
+    where = re.escape("(node[1-2])") if nodes == 2 else r"\([^)]+\)"
+    assert re.search(rf"{n} tasks on {nodes} node\(s\) {where}", job.output), job
 
 
-def replay(w: list, ranks: list[int], start: int, stop: int) -> np.ndarray:
-    """The jobs' update from ``w`` at step ``start`` to step ``stop`` with ``ranks`` taking part."""
-    s = np.arange(start, stop, dtype=np.float64)
-    return np.array(w) + float(np.sum(s + 1)) * sum(r + 1 for r in ranks) * np.arange(1, 5, dtype=np.float64)
-
-
-@pytest.mark.parametrize("n, steps, kills", [(3, 20, {1: 7}), (4, 30, {0: 5, 2: 17})])
-def test_elastic_template_survivors_of_sigkilled_ranks_finish(sbatch: Sbatch, n: int, steps: int,
-                                                              kills: dict[int, int]) -> None:
+# (4 ranks, kills of ranks 0 and 2): on two nodes, a rank of each node dies, node1's being the
+# chief and mpirun's own node
+@pytest.mark.parametrize("n, steps, kills, wanted", [(3, 20, {1: 7}, 1), (4, 30, {0: 5, 2: 17}, 2)],
+                         ids=["n3-one-node", "n4-up-to-2-nodes"])
+def test_elastic_template_survivors_of_sigkilled_ranks_finish(slurm: SlurmCluster, sbatch: Sbatch, n: int, steps: int,
+                                                              kills: dict[int, int], wanted: int) -> None:
+    nodes = nodes_for(slurm, wanted)
     job = sbatch("elastic.sbatch", str(LAUNCH_JOBS / "elastic_numpy.py"), str(steps),
-                 *[f"{r}:{s}" for r, s in kills.items()], n=n, env={"MPIRUN_ARGS": MPIRUN_ARGS}, options=[TIME], timeout=120)
+                 *[f"{r}:{s}" for r, s in kills.items()], n=n, nodes=nodes, env={"MPIRUN_ARGS": MPIRUN_ARGS},
+                 options=[TIME], timeout=120)
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job
+    assert_placed(job, n, nodes)
     assert "--with-ft ulfm --mca mpi_ft_detector true" in job.output, job  # the template's launch line
     assert "ULFM active (mpirun --with-ft ulfm, failure detector on): the job survives" in job.output, job
     for r, s in kills.items():
         assert f"KILLING rank={r} step={s}" in job.output, job
-    got = results(job.output)
-    survivors = sorted(set(range(n)) - set(kills))
-    assert sorted(r["rank"] for r in got) == survivors, job
-    first = got[0]
-    for r in got:  # identical on every survivor, training finished on the shrunk communicator
-        assert (r["w"], r["step"], r["size"]) == (first["w"], steps, len(survivors)), job
-        assert _without_times(r["segments"]) == _without_times(first["segments"]), job
-    segments = first["segments"]
-    assert len(segments) == len(kills) + 1, job  # one recovery per death
-    in_order = sorted(kills, key=kills.get)  # the i-th death ends segment i
-    for i, (seg, after) in enumerate(zip(segments, segments[1:] + [{"step": steps, "w": first["w"]}])):
-        dead = set(in_order[:i])
-        assert seg["ranks"] == [r for r in range(n) if r not in dead], job
-        # each segment: from the state it (re)started at, with the ranks that took part in it
-        np.testing.assert_array_equal(replay(seg["w"], seg["ranks"], seg["step"], after["step"]), after["w"])
-    for seg in segments[1:]:  # rolled back to a commit at most one step before the death
-        assert seg["step"] in set(kills.values()) | {s - 1 for s in kills.values()}, segments
-
-
-def _without_times(segments: list[dict]) -> list[tuple]:
-    return [(s["step"], s["w"], s["ranks"]) for s in segments]
+    check_survivors(results(job.output), n, steps, kills, job)
 
 
 def test_srun_direct_launch_has_no_ulfm_a_death_ends_the_step(slurm: SlurmCluster) -> None:
@@ -90,13 +79,14 @@ def test_srun_direct_launch_has_no_ulfm_a_death_ends_the_step(slurm: SlurmCluste
 
 
 def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Callable[[str], None],
-                   *job_args: str, options: tuple[str, ...] = (), requeue_within: float = 60) -> JobResult:
+                   *job_args: str, options: tuple[str, ...] = (), requeue_within: float = 60,
+                   nodes: int = 1) -> JobResult:
     """Submit elastic.sbatch with elastic_preempt.py (no end before a preemption, 5 steps after a
     resume); once every rank has committed, ``preempt(job_id)``; wait for the requeue, let the
     requeued run start 3 s later (Slurm holds a requeued job for 2 minutes) and finish."""
     job_id = slurm.sbatch(TEMPLATES / "elastic.sbatch", str(LAUNCH_JOBS / "elastic_preempt.py"),
                           str(checkpoint), "+5", *job_args, cwd=REPO, env={"PYTHON": sys.executable, "MPIRUN_ARGS": MPIRUN_ARGS},
-                          options=["-N1", f"-n{n}", f"--ntasks-per-node={n}", "-c1", TIME, *options])
+                          options=[f"-N{nodes}", f"-n{n}", f"--ntasks-per-node={n // nodes}", "-c1", TIME, *options])
     out = slurm.output_path(job_id)
     slurm.wait_for(job_id, lambda f: len(re.findall(r"^READY ", _read(out), re.M)) >= n
                    or f.get("JobState") not in ("PENDING", "RUNNING") or f.get("Restarts") != "0",
@@ -114,6 +104,7 @@ def _preempted_job(slurm: SlurmCluster, n: int, checkpoint: Path, preempt: Calla
     job = slurm.wait(job_id, 120)
     if (job.state, job.exit_code) != ("COMPLETED", 0):
         pytest.fail(f"{job}\n{slurm.job_fields(job_id)}\n{slurm.logs()}")
+    assert_placed(job, n, nodes)
     return job
 
 
@@ -143,14 +134,15 @@ def _check_resumed(job: JobResult, n: int, checkpoint: Path) -> int:
     return stopped
 
 
-def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_resumes(
+def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_resumes_up_to_2_nodes(
         slurm: SlurmCluster, tmp_path: Path) -> None:
     # `scancel --batch --signal=USR1` is what `#SBATCH --signal=B:USR1@120` does 120 s before the
-    # time limit: the template forwards it to mpirun, every rank exits 0 at the same commit, the
-    # template requeues the job.
-    n, checkpoint = 3, tmp_path / "elastic.pkl"
+    # time limit: the template forwards it to mpirun, which passes it to every rank (on node2
+    # through its daemon there), every rank exits 0 at the same commit, the template requeues the job.
+    nodes = nodes_for(slurm, 2)
+    n, checkpoint = 2 * nodes, tmp_path / "elastic.pkl"
     job = _preempted_job(slurm, n, checkpoint,
-                         lambda job_id: slurm.command("scancel", "--batch", "--signal=USR1", job_id))
+                         lambda job_id: slurm.command("scancel", "--batch", "--signal=USR1", job_id), nodes=nodes)
     stopped = _check_resumed(job, n, checkpoint)
     assert "SIGUSR1 (preemption or time limit): forwarded to mpirun" in job.output, job
     assert "preempted cleanly; requeueing job" in job.output, job
@@ -160,24 +152,29 @@ def test_sigusr1_to_the_batch_shell_checkpoints_requeues_and_the_requeued_run_re
 
 def test_the_time_limit_signal_checkpoints_requeues_and_the_requeued_run_resumes(
         slurm: SlurmCluster, tmp_path: Path) -> None:
-    # The real `--signal=B:USR1@T` path: a 3-minute job signalled 160 s before its end, by slurmctld
-    # (which looks at signal times every 30 s or so), so the test waits up to 90 s for it.
+    # The real `--signal=B:USR1@T` path: a 4-minute job signalled 200 s before its end, by slurmctld
+    # (which looks at signal times every 30 s or so), so the test waits up to 90 s for it. The 40 s
+    # before the signal are for the ranks to start and commit twice (READY): 20 s were too few on a
+    # loaded 2-core machine (the signal came first).
     n, checkpoint = 3, tmp_path / "elastic.pkl"
     job = _preempted_job(slurm, n, checkpoint, lambda job_id: None,
-                         options=("--time=3", "--signal=B:USR1@160"), requeue_within=90)
+                         options=("--time=4", "--signal=B:USR1@200"), requeue_within=90)
     stopped = _check_resumed(job, n, checkpoint)
     assert "SIGUSR1 (preemption or time limit): forwarded to mpirun" in job.output, job
     exits = [int(m) for m in re.findall(r"^EXIT rank=\d+ step=(\d+)$", job.output, re.M)]
     assert exits[:n] == [stopped] * n, job
 
 
-def test_requeue_sigterm_to_every_process_checkpoints_and_the_requeued_run_resumes(
+def test_requeue_sigterm_to_every_process_checkpoints_and_the_requeued_run_resumes_up_to_2_nodes(
         slurm: SlurmCluster, tmp_path: Path) -> None:
     # `scontrol requeue` ends the job as a preemption with PreemptMode=REQUEUE does: SIGTERM to every
-    # process of the job (batch shell, mpirun, ranks), SIGKILL after KillWait. mpirun exits at once;
-    # the ranks go on to their next commit, agree, write the checkpoint and leave.
-    n, checkpoint = 3, tmp_path / "elastic.pkl"
-    job = _preempted_job(slurm, n, checkpoint, lambda job_id: slurm.command("scontrol", "requeue", job_id))
+    # process of the job on every node (batch shell, mpirun, its daemon on node2, ranks), SIGKILL
+    # after KillWait. mpirun exits at once; the ranks go on to their next commit, agree, write the
+    # checkpoint and leave.
+    nodes = nodes_for(slurm, 2)
+    n, checkpoint = 2 * nodes, tmp_path / "elastic.pkl"
+    job = _preempted_job(slurm, n, checkpoint, lambda job_id: slurm.command("scontrol", "requeue", job_id),
+                         nodes=nodes)
     _check_resumed(job, n, checkpoint)
     assert "DUE TO JOB REQUEUE" in job.output, job
 

@@ -30,16 +30,14 @@ def test_check_compression_none_and_errors():
                                    f"(or off, fp16, half, bf16), got {bad!r}")
 
 
-def test_call_options_field_merge_resolve_and_kwargs():
+def test_call_options_field_merge_and_resolve():
     assert CallOptions().compression is None
     opts = CallOptions(compression="bf16")
     assert opts.compression == "bfloat16"
     assert CallOptions(bytes_per_pack=8).merged(opts).compression == "bfloat16"
     assert opts.merged(CallOptions(compression="none")).compression == "none"
     assert opts.merged(CallOptions(bytes_per_pack=8)).compression == "bfloat16"  # not set: kept
-    # no engine keyword of its own: it travels as options=
-    assert opts.kwargs() == {"options": CallOptions(compression="bfloat16")}
-    assert CallOptions(bytes_per_pack=8).kwargs() == {"bytes_per_pack": 8}
+    assert CommunicationOptions(compression="bf16").call_options() == opts  # the one conversion keeps it
     with pytest.raises(ValueError, match="allreduce: `compression` must be one of"):
         CallOptions.checked("allreduce", compression="fp8")
     with pytest.raises(ValueError, match="CallOptions: `compression`"):

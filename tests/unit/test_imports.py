@@ -1,10 +1,13 @@
 """No import circles in mpidist: the graph of every import statement (module level and inside
 functions alike, since a lazy import that closes a circle only hides it) has no cycle.
 
-An edge ``a -> b`` means module ``a`` imports module ``b``: ``import b``, ``from b import name``,
-``from pkg import b`` (b a submodule). Importing a package runs its ``__init__``, so an edge to a
-package is an edge to its ``__init__``; a module's own ancestors are left out (Python imports them
-before the module itself, whatever the module says).
+An edge ``a -> b`` means module ``a`` uses module ``b``: ``import b``, ``from b import name``,
+``from pkg import b`` (b a submodule: an edge to b alone). An edge to a package is an edge to its
+``__init__``, and exists where a name is taken from the package itself (``from pkg import name``,
+``import pkg``). Ancestors are left out: a module's own, and those of the module it imports
+(Python runs ``pkg/__init__`` before ``pkg.b`` whatever the statement says, for ``from pkg import
+b`` as for ``from pkg.b import x``; that ``__init__`` re-exporting names from elsewhere is not a use
+of them by ``a``).
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ def module_files(root: pathlib.Path, package: str = "mpidist") -> dict[str, tupl
     return found
 
 
-def imported_names(name: str, is_pkg: bool, tree: ast.AST) -> set[str]:
-    """Every dotted name an import statement anywhere in ``tree`` may load, relative imports resolved."""
+def imported_names(name: str, is_pkg: bool, tree: ast.AST, modules: dict | None = None) -> set[str]:
+    """Every dotted name an import statement anywhere in ``tree`` uses, relative imports resolved:
+    for ``from stem import x``, ``stem.x`` when that is a module of ``modules``, else ``stem``."""
     package = name if is_pkg else name.rsplit(".", 1)[0]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -39,8 +43,9 @@ def imported_names(name: str, is_pkg: bool, tree: ast.AST) -> set[str]:
                 stem = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            out.add(stem)
-            out.update(f"{stem}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                dotted = f"{stem}.{alias.name}"
+                out.add(dotted if modules is not None and dotted in modules else stem)
     return out
 
 
@@ -51,7 +56,7 @@ def import_graph(modules: dict[str, tuple[bool, pathlib.Path]]) -> dict[str, set
         text = path.read_text()
         ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
         targets = set()
-        for target in imported_names(name, is_pkg, ast.parse(text)):
+        for target in imported_names(name, is_pkg, ast.parse(text), modules):
             while target not in modules and "." in target:  # "pkg.mod.Class" -> "pkg.mod"
                 target = target.rsplit(".", 1)[0]
             if target in modules and target != name and target not in ancestors:

@@ -28,6 +28,11 @@ def test_numpy_classes_never_import_tensorflow():
         "with mpidist.rc.override(framework='tensorflow'):\n"
         "    s = mpidist.numpy.MultiWorkerMirroredStrategy()\n"
         "assert type(s).__module__ == 'mpidist.numpy'\n"
+        "assert isinstance(s, mpidist.MultiWorkerMirroredStrategy) and not isinstance(s, mpidist.MirroredStrategy)\n"
+        "assert issubclass(mpidist.numpy.MultiWorkerMirroredStrategy, mpidist.MultiWorkerMirroredStrategy)\n"
+        "assert issubclass(mpidist.experimental.MultiWorkerMirroredStrategy, mpidist.MultiWorkerMirroredStrategy)\n"
+        "assert not issubclass(mpidist.MultiWorkerMirroredStrategy, mpidist.numpy.MultiWorkerMirroredStrategy)\n"
+        "s.close()\n"
         "heavy = [m for m in ('tensorflow', 'keras') if m in sys.modules]\n"
         "assert not heavy, heavy\n")
 

@@ -10,10 +10,16 @@ from mpidist.input.context import InputContext
 from mpidist.input.numpy_dataset import NumpyDataset
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "8", None])
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8", -4096])
 def test_mpiallreduce_bytes_per_pack(bad):
-    with pytest.raises(ValueError, match=f"^MPIAllReduce: `bytes_per_pack` must be an integer >= 0, got {bad!r}$"):
+    with pytest.raises(ValueError, match=f"^MPIAllReduce: `bytes_per_pack` must be an integer >= 0 or None, "
+                                         f"got {bad!r}$"):
         MPIAllReduce(bad)
+
+
+def test_mpiallreduce_bytes_per_pack_none_is_not_set_and_zero_automatic():
+    assert MPIAllReduce().bytes_per_pack is None and MPIAllReduce(None).bytes_per_pack is None
+    assert MPIAllReduce(0).bytes_per_pack == 0
 
 
 @pytest.mark.parametrize("cls", [NcclAllReduce, HierarchicalCopyAllReduce])

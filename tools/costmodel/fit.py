@@ -3,7 +3,8 @@
 Input: JSON written by ``python -m tools.sweep --collectives allreduce --json`` (one file per
 run; a file name may end in ``@K`` when the run had fake nodes of K ranks, ``MPIDIST_LOCAL_SIZE=K``,
 and ``MPIDIST_ALGORITHM=hierarchical``). Points of equal (ranks, K, size) are combined over runs
-by their median (default) or minimum. The raw column (the MPI library's own Allreduce) is fitted with one algorithm's formula:
+by their median (default) or minimum. The raw column (the MPI library's own Allreduce) is fitted
+with one algorithm's formula:
 on one machine every link is shared memory, so α_intra = α_inter = α and β likewise, and the time is
 linear in (α, β, γ); each column comes from ``model.predict`` with unit parameters. Least squares on
 relative errors (times span four decades), coefficients kept >= 0. γ is identifiable only when its
@@ -20,6 +21,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +129,7 @@ def fit(points: list[Point], algorithm: str | None = None, gamma: float | None =
     if len(points) < 3:
         raise ValueError(f"fit: `points` must hold at least 3 measured sizes, got {len(points)}")
     t = np.array([pt.raw for pt in points])
-    best = None
+    best: dict[str, Any] | None = None
     for alg in (algorithm,) if algorithm else FIT_ALGORITHMS:
         cols = _columns(alg, points)
         w = cols / t[:, None]
@@ -146,6 +148,8 @@ def fit(points: list[Point], algorithm: str | None = None, gamma: float | None =
         _log.debug("fit %s: %s", alg, result)
         if best is None or result["median_abs_err"] < best["median_abs_err"]:
             best = result
+    if best is None:
+        raise ValueError(f"fit: no algorithm to fit (got {algorithm!r})")
     small = [pt.mpidist - pt.raw for pt in points if pt.nbytes <= 64 << 10]
     best["overhead"] = max(0.0, statistics.median(small)) if small else 0.0
     base = PRESETS["this-vm"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from mpidist.collectives.packing import backprop_buckets
 

@@ -126,7 +126,6 @@ def plot(results: list[dict], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import FixedLocator, FuncFormatter, ScalarFormatter
 
     ticks = [1 << 10, 1 << 15, 1 << 20, 1 << 25, 1 << 30]
@@ -134,7 +133,7 @@ def plot(results: list[dict], path: str) -> None:
     for (ax_t, ax_r), res in zip(axes, results):
         prm = res["params_obj"]
         ranks = sorted({r["ranks"] for r in res["rows"]})
-        rows = sweep(prm, ranks, PLOT_SIZES, res["ranks_per_node"])  # finer than the table
+        rows = sweep(prm, ranks, list(PLOT_SIZES), res["ranks_per_node"])  # finer than the table
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         for i, p in enumerate(ranks):
             mine = [r for r in rows if r["ranks"] == p]

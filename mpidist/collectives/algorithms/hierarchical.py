@@ -51,6 +51,7 @@ def reduce(ctx, send: np.ndarray, recv: np.ndarray | None, op: MPI.Op, root: int
         return
     if root_local == 0:
         if topo.rank == root:
+            assert recv is not None, "the root passes a receive buffer"
             recv[...] = partial
     elif topo.local_rank == 0:
         call(topo.local, "Send", partial, root_local, 0)
@@ -86,18 +87,18 @@ def allgatherv(ctx, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> N
 
 def reduce_scatter(ctx, send: np.ndarray, recv: np.ndarray, counts: list[int], op: MPI.Op) -> None:
     topo, call = ctx.topo, ctx.call
-    counts = np.asarray(counts, dtype=np.int64)
+    blocks = np.asarray(counts, dtype=np.int64)
     ordered = [r for ranks in topo.node_ranks for r in ranks]
     total = buffers.empty_like(send)
     if ordered != list(range(topo.size)):  # nodes not in rank blocks: reduce everything, keep ours
         allreduce(ctx, send, total, op)
-        start = int(displacements(counts)[topo.rank])
-        recv[...] = total[start:start + counts[topo.rank]]
+        start = int(displacements(blocks)[topo.rank])
+        recv[...] = total[start:start + blocks[topo.rank]]
         return
-    node_counts = counts[list(topo.node_ranks[topo.node_index])]
+    node_counts = blocks[list(topo.node_ranks[topo.node_index])]
     call(topo.local, "Reduce", send, total if topo.local_rank == 0 else None, op, 0)
     if topo.local_rank == 0:
-        totals = np.array([counts[list(r)].sum() for r in topo.node_ranks], dtype=counts.dtype)
+        totals = np.array([blocks[list(r)].sum() for r in topo.node_ranks], dtype=blocks.dtype)
         node_part = buffers.empty(int(totals[topo.node_index]), send.dtype)
         if topo.num_nodes > 1:
             call(topo.leaders, "Reduce_scatter", total, node_part, totals, op)

@@ -1,7 +1,8 @@
 """CUDA device buffers in every collective: CuPy arrays (or anything with
 ``__cuda_array_interface__``) stay on the GPU, over NCCL inside a node and MPI across nodes.
 
-THIS PATH HAS NOT BEEN RUN ON A GPU YET: see docs/gpu.md for what is tested and how to test it.
+Run on a GPU (one GPU, CuPy 14, NCCL 2.28; not CUDA-aware MPI, not several GPUs per rank): see
+docs/gpu.md for what is tested where and how to test it.
 
 Nothing here imports CuPy at import time. One module per concern:
 
@@ -13,8 +14,11 @@ Nothing here imports CuPy at import time. One module per concern:
   the NCCL communicator cache;
 - transports, hierarchical: moving device buffers over NCCL, NCCL+MPI, MPI on device pointers or
   MPI staged through page-locked host memory;
+- staging: page-locked host blocks kept between collectives, guarded by events;
 - device_collectives: the five collectives on lists of device arrays;
 - dispatch: the engine's hook, through the pipeline's public steps (collectives/pipeline.py);
+- recipes: an allreduce's recorded data steps, so that the agreement can speculate on them;
+- fast: the cached fast path of repeated allreduces (in the pipeline's FastPaths);
 - binding: rank-to-GPU binding by local rank.
 """
 from .binding import bind_device, device_for

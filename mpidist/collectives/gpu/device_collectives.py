@@ -3,16 +3,22 @@
 They mirror the host modules (allreduce.py, broadcast.py, ...): the same packing plan (so
 ``bytes_per_pack`` / ``num_packs`` mean the same), the same results (dtypes, shapes, MEAN
 semantics, broadcast returning the root's own arrays at the root, ``None`` off the root for
-reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked on the device and the data never leaves it unless the
-path stages it. Zero-size buffers are skipped on every rank (sizes are agreed, so all skip alike).
+reduce) and the same pack loop (packing.py, with ``xp=cupy``), but packs are built and unpacked
+on the device and the data never leaves it unless the path stages it. Zero-size buffers are
+skipped on every rank (sizes are agreed, so all skip alike).
 
-With NCCL, the transfers of a reduction's packs are issued as one NCCL group; whatever reads
-their results (MEAN's division, casts back to the caller's dtype) is enqueued after the group.
+With NCCL alone (the ``nccl`` path), a reduction does not pack: every leaf is its own NCCL call,
+and the calls of all leaves are issued as one NCCL group (``ncclGroupStart/End``), which NCCL
+launches together, so a nest costs no copy kernels into and out of packs (``bytes_per_pack`` and
+``num_packs`` do not apply there). Whatever reads the results (MEAN's division, casts back to the
+caller's dtype) is enqueued after the group. Leaves NCCL cannot reduce (PROD of complex) are packed
+for the MPI fallback as on the other paths.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,7 +41,12 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
         if d not in chosen:
             chosen[d] = env.rule(d, op, f"leaf {i} of `value`")
     nbytes = [a.size * chosen[d][1].wire.itemsize for a, d in zip(arrays, dtypes)]
-    packs = ctx.plan(nbytes, dtypes)
+    if env.primary.per_leaf:  # one NCCL call per leaf, all in one group (the module docstring)
+        rest = [i for i, d in enumerate(dtypes) if chosen[d][0] is not env.primary]
+        packs = [[i] for i, d in enumerate(dtypes) if chosen[d][0] is env.primary]
+        packs += [[rest[j] for j in p] for p in ctx.plan([nbytes[i] for i in rest], [dtypes[i] for i in rest])]
+    else:
+        packs = ctx.plan(nbytes, dtypes)
     done: list[tuple[list[int], Any, Any, Any]] = []
 
     def transfer(pack_: list[int]) -> None:
@@ -52,7 +63,7 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
         done.append((pack_, send, recv, rule))
 
     own = [p for p in packs if chosen[dtypes[p[0]]][0] is env.primary]
-    with env.primary.group():
+    with env.primary.group() if len(own) > 1 else contextlib.nullcontext():  # no group around one call
         for p in own:
             transfer(p)
     for p in packs:
@@ -64,13 +75,14 @@ def _reduce_packs(env: Env, arrays: list[Any], op: Op, root: int | None) -> list
     for pack_, _, recv, rule in done:
         if rule.finish_mean:
             finish_mean(recv, env.size, xp=cp)
-        for i, out in zip(pack_, packing.unpack(recv, [arrays[i].shape for i in pack_], [dtypes[pack_[0]]] * len(pack_))):
+        shapes = [arrays[i].shape for i in pack_]
+        for i, out in zip(pack_, packing.unpack(recv, shapes, [dtypes[pack_[0]]] * len(pack_))):
             results[i] = out
     return results
 
 
 def allreduce(env: Env, arrays: list[Any], op: Op) -> list[Any]:
-    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]
+    return _reduce_packs(env, arrays, op, None)  # type: ignore[return-value]  # no root: every rank keeps its results
 
 
 def reduce(env: Env, arrays: list[Any], op: Op, root: int) -> list[Any] | None:
@@ -136,5 +148,6 @@ def reduce_scatter(env: Env, arrays: list[Any], op: Op) -> list[Any]:
     return results
 
 
-RUN = {"allreduce": allreduce, "reduce": reduce, "broadcast": broadcast, "allgather": allgather,
-       "reduce_scatter": reduce_scatter}
+RUN: dict[str, Callable[..., list[Any] | None]] = {
+    "allreduce": allreduce, "reduce": reduce, "broadcast": broadcast, "allgather": allgather,
+    "reduce_scatter": reduce_scatter}

@@ -14,7 +14,10 @@ on every rank:
 4. the job's facts (gathered once per pipeline, i.e. per communicator) decide the path (paths.choose), the same on every
    rank; the NCCL communicator is built on first use;
 5. the collective runs on the device (device_collectives.py) over the path's transport; with a
-   deadline, the stream is waited for before returning, so the deadline covers the GPU work.
+   deadline, the stream is waited for before returning, so the deadline covers the GPU work;
+6. an allreduce's data steps are recorded as they run and, where they can be replayed, attached to
+   the signature just agreed (recipes.py), so that later repeats speculate; a plain repeat then
+   takes the engine's cached fast path (fast.py, registered on the pipeline's FastPaths here).
 
 With the timeline on, the collective is recorded as the engine records its own (timeline.py),
 with ``args.path`` and NCCL calls as transfers that were enqueued.
@@ -26,12 +29,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ..._config import rc
 from ...errors import GpuUnavailableError
-from .. import arrays as host_arrays, nest
+from .. import arrays as host_arrays
+from .. import nest
 from ..ops import check_dtype
 from ..options import Resolved
 from ..pipeline import Call, Pipeline
-from . import cupy_arrays, device_collectives, facts, paths
+from . import cupy_arrays, device_collectives, facts, fast, paths, recipes
 from .hierarchical import HierarchicalTransport
 from .paths import Path
 from .transports import Env, MpiTransport, NcclTransport
@@ -68,7 +73,8 @@ def _device(cp: Any, leaves: list[Any], where: str) -> tuple[list[Any | None], i
 def _to_device(cp: Any, leaves: list[Any], views: list[Any | None], where: str
                ) -> tuple[list[Any], list[host_arrays.Adapter | None]]:
     """Contiguous CuPy arrays of every leaf (in the current device) and how to give host leaves back."""
-    out, restore = [], []
+    out: list[Any] = []
+    restore: list[host_arrays.Adapter | None] = []
     for i, (leaf, view) in enumerate(zip(leaves, views)):
         if view is None:
             host, adapter = host_arrays.to_host(leaf, where, i)
@@ -94,16 +100,18 @@ def _back(cp: Any, results: list[Any], restore: list[Any], leaves: list[Any]) ->
 def make_env(cp: Any, ctx: Call, pipeline: Pipeline, path: Path, job: paths.JobFacts, device: int,
              deadline: bool) -> Env:
     """The environment of one collective: the path's transport and the MPI fallback."""
-    env = Env(cp, ctx)
+    env = Env(cp, ctx, facts.state(pipeline).staging_pool(cp))
     env.fallback = MpiTransport(env, device=path is Path.MPI_DEVICE or (
         path.uses_nccl and paths.cross_node_mpi_on_device(job, deadline)))
     if not path.uses_nccl:
         env.primary = env.fallback
         return env
-    env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
     if path is Path.NCCL:
+        env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
         env.primary = NcclTransport(env, env.node)
-    else:
+    else:  # (a node of one rank skips its NCCL steps, hierarchical.py: it needs no NCCL communicator)
+        if pipeline.topology.local_size > 1:
+            env.node = facts.state(pipeline).node_comm(cp, pipeline, ctx.call, device)
         env.primary = HierarchicalTransport(env, env.node, paths.cross_node_mpi_on_device(job, deadline),
                                             copy=path is Path.NCCL_HIERARCHICAL_COPY)
     return env
@@ -119,12 +127,15 @@ def collective(pipeline: Pipeline, where: str, module: ModuleType, leaves: list[
         implementation, requested_by = options.implementation, None
     who = requested_by or where
     cp = _require_cupy(leaves, implementation, who, where)
+    fast.attach(pipeline, cp)
     views, device = _device(cp, leaves, where)
     with cp.cuda.Device(device):
         arrays, restore = _to_device(cp, leaves, views, where)
         if module.validate is not None:
             module.validate(arrays, where)
         deadline = options.timeout is not None
+        record = where == "allreduce" and not deadline and rc.check_agreement
+        recorded: list[Any] = []
 
         def run(ctx: Call) -> Any:
             state = facts.state(pipeline)
@@ -137,11 +148,16 @@ def collective(pipeline: Pipeline, where: str, module: ModuleType, leaves: list[
             env = make_env(cp, ctx, pipeline, path, job, device, deadline)
             if env.node is not None:
                 env.node.steps = ctx.call.steps
+            if record:
+                recipes.begin(ctx, env.node)
             try:
                 results = device_collectives.RUN[where](env, arrays, **params)
             finally:
+                if record:
+                    recorded.append(recipes.end(ctx, env.node, cp))
                 if env.node is not None:
                     env.node.steps = None
+                env.release()
             if deadline:
                 env.wait()
                 if env.node is not None:
@@ -150,6 +166,8 @@ def collective(pipeline: Pipeline, where: str, module: ModuleType, leaves: list[
 
         results = pipeline.execute(where, module, arrays, tree, op_root, options, run, rec=rec, start=start,
                                    variant=f"gpu:{implementation}")
+        if recorded:
+            recipes.adopt(pipeline.agreement, recorded[0])
     if results is None:
         return None
     if all(r is None for r in restore):

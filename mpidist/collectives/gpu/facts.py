@@ -22,6 +22,7 @@ from typing import Any
 from ...topology import mpi_library
 from . import cupy_arrays, nccl
 from .paths import JobFacts
+from .staging import Staging
 
 _log = logging.getLogger("mpidist")
 
@@ -87,6 +88,17 @@ class EngineState:
     node_comms: dict[int, nccl.NodeComm] = field(default_factory=dict)
     told: set = field(default_factory=set)
     last_path: Any = None  # the path of the latest GPU collective (tests and diagnostics)
+    staging: Staging | None = None  # page-locked host blocks of the staged paths (staging.py)
+
+    def staging_pool(self, cp: Any) -> Staging:
+        if self.staging is None:
+            self.staging = Staging(cp)
+        return self.staging
+
+    def close(self) -> None:
+        """The pipeline closes: wait for the copies still reading page-locked blocks, drop them."""
+        if self.staging is not None:
+            self.staging.close()
 
     def job(self, cp: Any, pipeline: Any, device: int) -> JobFacts:
         """The job's facts (collective over the pipeline's communicator the first time)."""

@@ -116,15 +116,19 @@ class NodeComm:
     """An NCCL communicator over the ranks of one node (``Topology.local``), on one device.
 
     Buffers are CuPy arrays; every call is enqueued on ``stream`` (the caller's current stream).
-    ``steps`` is the current collective's ``timeline.Steps`` while the timeline records, else None.
+    ``steps`` is the current collective's ``timeline.Steps`` while the timeline records, else None;
+    ``issued``, while a list, collects ``(name, nbytes, args)`` of every call (recipes.py).
     """
 
     def __init__(self, module: Any, comm: Any, device: int, size: int, rank: int, version: int) -> None:
         self.module, self.comm, self.device = module, comm, device
         self.size, self.rank, self.version = size, rank, version
         self.steps: Any = None
+        self.issued: list[tuple] | None = None
 
     def _issue(self, name: str, nbytes: int, *args: Any) -> None:
+        if self.issued is not None:
+            self.issued.append((name, nbytes, args))
         call = getattr(self.comm, name)
         if self.steps is None:
             call(*args)
@@ -132,6 +136,7 @@ class NodeComm:
             self.steps.enqueued(name, self.size, nbytes, lambda: call(*args))
 
     def _dtype(self, rule: Rule) -> int:
+        assert rule.nccl_dtype is not None, "NCCL calls take NCCL rules (nccl_rule, BYTES)"
         return getattr(self.module, rule.nccl_dtype)
 
     def _op(self, rule: Rule) -> int:

@@ -59,6 +59,7 @@ class JobFacts:
 
 _current: contextvars.ContextVar[tuple[str, str | None]] = contextvars.ContextVar(
     "mpidist_gpu_implementation", default=("auto", None))
+implementation_var = _current  # (implementation, requested_by): read by the cached fast path's key (fast.py)
 
 
 def parse_implementation(value: Any, where: str = "implementation") -> str:

@@ -5,8 +5,10 @@ host algorithms (``allreduce``, ``bcast``, ``reduce``, ``allgatherv``, ``reduce_
 Stream discipline: every device operation is enqueued on the caller's current CuPy stream; before
 MPI reads device memory the stream is waited for (:meth:`Env.wait`, which honours the deadline);
 NCCL results are ordered on the stream and need no wait. Staging copies device buffers into
-page-locked host buffers (:func:`stage_to_host`) and back (:func:`stage_to_device`), and runs the
-host algorithms (flat or hierarchical, as ``rc.algorithm`` picks) on them.
+page-locked host blocks kept between collectives (staging.py): :func:`stage_to_host` queues the
+copy and waits for the stream (the step's one wait), :func:`lend` gives MPI a block to write into,
+:func:`stage_to_device` queues the copy back without waiting (the result is ordered on the
+stream); the host algorithms (flat or hierarchical, as ``rc.algorithm`` picks) run on the blocks.
 """
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import numpy as np
 from ...errors import deadline_exceeded
 from ..algorithms import flat
 from ..ops import REDUCTIONS, Op
-from . import cupy_arrays, nccl
+from . import nccl
 from .nccl import Rule
+from .staging import Block, Staging
 
 _NAP = 1e-4
 
@@ -29,13 +32,22 @@ class Env:
     """One collective's shared state: CuPy, the engine's call context, the caller's stream, the
     transport chosen for the path and the MPI transport for what NCCL cannot reduce."""
 
-    def __init__(self, cp: Any, ctx: Any) -> None:
+    def __init__(self, cp: Any, ctx: Any, staging: Staging | None = None) -> None:
         self.cp, self.ctx = cp, ctx
         self.stream = cp.cuda.get_current_stream()
         self.size, self.rank = ctx.topo.size, ctx.topo.rank
         self.node: nccl.NodeComm | None = None
         self.primary: Any = None
         self.fallback: Any = None
+        self.staging = staging if staging is not None else Staging(cp)
+        self.lent: dict[int, Block] = {}  # id(host view) -> its block, until release()
+
+    def release(self) -> None:
+        """Give the page-locked blocks of this collective back (their copies back may be pending:
+        each block's event says when they are done)."""
+        for block in self.lent.values():
+            self.staging.give(block)
+        self.lent.clear()
 
     def rule(self, dtype: np.dtype, op: Op, what: str) -> tuple[Any, Rule]:
         """(transport, rule) for reducing ``dtype``: the path's own, else the MPI fallback's."""
@@ -62,26 +74,46 @@ class Env:
             time.sleep(_NAP)
 
 
+def lend(env: Env, array: Any, *, host_writes: bool = True) -> np.ndarray:
+    """A page-locked host buffer of ``array``'s shape and dtype for this collective. ``host_writes``:
+    the host writes it before any wait for the stream (MPI receiving into it), so the host first
+    waits for the block's last copy, if one is pending; else the stream's later work waits for it."""
+    block = env.staging.take(array.nbytes)
+    host = block.view(array.shape, array.dtype)
+    if host_writes:
+        block.settle()
+    else:
+        block.after(env.stream)
+    env.lent[id(host)] = block
+    return host
+
+
 def stage_to_host(env: Env, array: Any) -> np.ndarray:
-    """A page-locked host copy of a device array (waits for the stream, deadline-aware)."""
+    """A page-locked host copy of a device array: the copy is queued on the stream, then the host
+    waits for the stream (deadline-aware): the step's one wait."""
+    host = lend(env, array, host_writes=False)
+    array.get(out=host, stream=env.stream, blocking=False)
     env.wait()
-    host = cupy_arrays.pinned_empty(array.shape, array.dtype)
-    array.get(out=host)
     return host
 
 
 def stage_to_device(env: Env, host: np.ndarray, array: Any) -> None:
-    """Copy a host buffer into a device array; returns when the copy is done."""
-    array.set(host)
-    env.stream.synchronize()
+    """Queue the copy of ``host`` (from :func:`lend` or :func:`stage_to_host`) into ``array`` on the
+    stream, without waiting: the block's event guards it until the copy has run."""
+    array.set(host, stream=env.stream)
+    env.lent[id(host)].mark(env.stream)
 
 
-def _host_like(array: Any) -> np.ndarray:
-    return cupy_arrays.pinned_empty(array.shape, array.dtype)
+def _host_like(env: Env, array: Any) -> np.ndarray:
+    """A host buffer for MPI to write: taken before :func:`stage_to_host`'s wait, which then covers
+    the block's pending copy (on the same stream), so the host need not wait for it separately."""
+    return lend(env, array, host_writes=False)
 
 
 class MpiTransport:
     """MPI on the engine's communicator: on device pointers (CUDA-aware) or staged."""
+
+    per_leaf = False  # reductions pack leaves (device_collectives.py)
 
     def __init__(self, env: Env, device: bool) -> None:
         self.env, self.device = env, device
@@ -99,7 +131,8 @@ class MpiTransport:
             self.env.wait()
             ctx.algorithm(send.nbytes).allreduce(ctx, send, recv, mop)
             return
-        hsend, hrecv = stage_to_host(self.env, send), _host_like(recv)
+        hrecv = _host_like(self.env, recv)
+        hsend = stage_to_host(self.env, send)
         ctx.algorithm(send.nbytes).allreduce(ctx, hsend, hrecv, mop)
         stage_to_device(self.env, hrecv, recv)
 
@@ -109,7 +142,7 @@ class MpiTransport:
             self.env.wait()
             ctx.algorithm(buf.nbytes).bcast(ctx, buf, root)
             return
-        host = stage_to_host(self.env, buf) if self.env.rank == root else _host_like(buf)
+        host = stage_to_host(self.env, buf) if self.env.rank == root else lend(self.env, buf)
         ctx.algorithm(buf.nbytes).bcast(ctx, host, root)
         if self.env.rank != root:
             stage_to_device(self.env, host, buf)
@@ -120,9 +153,9 @@ class MpiTransport:
             self.env.wait()
             flat.reduce(ctx, send, recv, mop, root)
             return
-        hrecv = _host_like(recv) if recv is not None else None
+        hrecv = _host_like(self.env, recv) if recv is not None else None
         ctx.algorithm(send.nbytes).reduce(ctx, stage_to_host(self.env, send), hrecv, mop, root)
-        if recv is not None:
+        if hrecv is not None:  # None exactly where recv is
             stage_to_device(self.env, hrecv, recv)
 
     def allgatherv(self, send: Any, recv: Any, counts: np.ndarray) -> None:
@@ -131,7 +164,7 @@ class MpiTransport:
             self.env.wait()
             flat.allgatherv(ctx, send, recv, counts)
             return
-        hrecv = _host_like(recv)
+        hrecv = _host_like(self.env, recv)
         ctx.algorithm(recv.nbytes).allgatherv(ctx, stage_to_host(self.env, send), hrecv, counts)
         stage_to_device(self.env, hrecv, recv)
 
@@ -141,7 +174,7 @@ class MpiTransport:
             self.env.wait()
             flat.reduce_scatter(ctx, send, recv, counts, mop)
             return
-        hrecv = _host_like(recv)
+        hrecv = _host_like(self.env, recv)
         ctx.algorithm(send.nbytes).reduce_scatter(ctx, stage_to_host(self.env, send), hrecv, counts, mop)
         stage_to_device(self.env, hrecv, recv)
 
@@ -150,6 +183,7 @@ class NcclTransport:
     """NCCL over one node that holds every rank of the engine (node rank = engine rank)."""
 
     name = "nccl"
+    per_leaf = True  # reductions issue one NCCL call per leaf, in one group (device_collectives.py)
 
     def __init__(self, env: Env, node: nccl.NodeComm) -> None:
         self.env, self.node = env, node

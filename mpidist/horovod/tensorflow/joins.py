@@ -10,7 +10,8 @@ agreement check and deadlines cover it like any collective):
   cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
   none on a set of one rank).
 - Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
-  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that. For an allreduce the joined ranks, looping inside ``join()``, take part with
+  op, dtypes, shapes), and one more small allreduce checks that every active rank issued that.
+  For an allreduce the joined ranks, looping inside ``join()``, take part with
   the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
   Horovod; +inf/-inf/1 for Min/Max/Product). Any other collective (allgather, broadcast, alltoall,
   reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the
@@ -52,6 +53,7 @@ def broadcast_bytes(engine: Engine, data: np.ndarray | None, root: int) -> np.nd
     broadcasts, its length and its bytes (objects.py's object broadcast uses it too)."""
     if engine.rank != root:
         data = np.zeros(0, np.uint8)
+    assert data is not None, "broadcast_bytes: the root passes its data"
     length = engine.broadcast(np.array([data.size], np.int64), root=root)
     if engine.rank != root:
         data = np.empty(int(np.asarray(length)[0]), np.uint8)
@@ -62,7 +64,10 @@ def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
     """``root``'s description on every rank."""
     mine = np.frombuffer(pickle.dumps(description), np.uint8) if engine.rank == root else None
     data = broadcast_bytes(engine, mine, root)
-    return description if engine.rank == root else pickle.loads(data.tobytes())
+    if engine.rank == root:
+        assert description is not None, "the root is an active rank: it describes its collective"
+        return description
+    return pickle.loads(data.tobytes())
 
 
 def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:

@@ -7,7 +7,7 @@ A rank outside a set holds no engine for it; a collective there raises ValueErro
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, cast
 
 from mpi4py import MPI
 
@@ -22,7 +22,7 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Any) -> None:
         self.process_set_id: int | None = None
         self.engine: Engine | None = None
-        self._comm: MPI.Intracomm | None = None
+        self._comm: MPI.Comm | None = None
         if isinstance(ranks_or_comm, MPI.Comm):
             self._comm = ranks_or_comm
             self.ranks: list[int] | None = None  # filled when registered
@@ -56,7 +56,8 @@ class ProcessSet:
         sub = base.Split(color, me)
         self.process_set_id = set_id
         if sub != MPI.COMM_NULL:
-            self.engine = Engine(sub)
+            # mpi4py's stub types Split as returning Comm; an Intracomm's split is an Intracomm
+            self.engine = Engine(cast(MPI.Intracomm, sub))
             sub.Free()  # the engine holds its own clone
 
     def free(self) -> None:

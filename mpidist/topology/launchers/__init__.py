@@ -11,8 +11,8 @@ import logging
 import os
 from typing import Mapping
 
-from .base import Launcher
 from . import mpich, openmpi, slurm
+from .base import Launcher
 
 __all__ = ["Launcher", "detect", "check_world_size"]
 

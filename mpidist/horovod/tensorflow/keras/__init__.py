@@ -1,24 +1,67 @@
-"""Horovod's Keras API on mpidist and Keras 3: ``import mpidist.horovod.tensorflow.keras as hvd``.
+"""Horovod's Keras API on mpidist: ``import mpidist.horovod.tensorflow.keras as hvd``.
 
-The basics and collectives are those of ``mpidist.horovod.tensorflow``; ``DistributedOptimizer``
-takes Horovod's Keras signature; ``callbacks`` holds the Keras callbacks; ``load_model`` loads a
-Keras model and makes its optimizer distributed, keeping its state.
+For the Keras of ``tf.keras``, as Horovod: Keras 3, or Keras 2 (tf_keras) when
+``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported. The basics and collectives are
+those of ``mpidist.horovod.tensorflow``; ``DistributedOptimizer`` takes Horovod's Keras signature
+and a Keras 3 or Keras 2 optimizer (tf_keras's current or legacy ones); ``callbacks`` holds the
+Keras callbacks; ``elastic`` Horovod's elastic Keras names; ``load_model`` loads a Keras model and
+makes its optimizer distributed, keeping its state.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .. import (Adasum, Average, Compression, Max, Min, ProcessSet, Product, Sum, add_process_set,  # noqa: F401
-                allgather_object, alltoall, barrier, broadcast, broadcast_object,
-                broadcast_object_fn, broadcast_variables, cross_rank, cross_size, cuda_built, global_process_set,
-                gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, init,
-                is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                shutdown, size, start_timeline, stop_timeline)
-from .. import allgather as _allgather, allreduce as _allreduce, broadcast as _broadcast
-from .. import optimizer as _optimizer, reducescatter as _reducescatter
+from ....keras import flavor
+from .. import (  # noqa: F401
+    Adasum,
+    Average,
+    Compression,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    allgather_object,
+    alltoall,
+    barrier,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    init,
+    is_homogeneous,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from .. import allgather as _allgather
+from .. import allreduce as _allreduce
+from .. import broadcast as _broadcast
+from .. import optimizer as _optimizer
+from .. import reducescatter as _reducescatter
 from ..sync_batch_norm import SyncBatchNormalization
-from . import callbacks
+from . import callbacks, elastic
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "", device_sparse: str = "",
@@ -27,9 +70,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """A Keras 3 optimizer that allreduces gradients before applying them (Horovod's Keras signature)."""
+    """A Keras optimizer that allreduces gradients before applying them (Horovod's Keras signature)."""
     if not _optimizer.is_keras_optimizer(optimizer):
-        raise TypeError(f"DistributedOptimizer: `optimizer` must be a Keras 3 optimizer, got {type(optimizer).__name__}")
+        raise TypeError(f"DistributedOptimizer: `optimizer` must be a Keras optimizer (Keras 3, or Keras 2 from "
+                        f"tf_keras), got {type(optimizer).__name__}")
     return _optimizer.DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op,
@@ -48,8 +92,8 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
     """DistributedOptimizer that leaves the gradients of ``local_layers``' variables on this rank
     (divided by the set's size when ``scale_local_gradients``); ``register_local_var`` adds more."""
     if not _optimizer.is_keras_optimizer(optimizer):
-        raise TypeError(f"PartialDistributedOptimizer: `optimizer` must be a Keras 3 optimizer, "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(f"PartialDistributedOptimizer: `optimizer` must be a Keras optimizer (Keras 3, or "
+                        f"Keras 2 from tf_keras), got {type(optimizer).__name__}")
     return _optimizer.DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op,
@@ -83,19 +127,22 @@ def reducescatter(value: Any, name: str | None = None, op: Any = Average,
 def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
     """Broadcast ``model``'s variables (and its built optimizer's) from ``root_rank``.
 
-    Differs: Keras 3 has no global variable collection, so the model must be given.
+    Differs: TensorFlow 2 runs eagerly and has no global variable collection (Horovod's Keras
+    function needs a TF1 session), so the model must be given.
     """
     if model is None:
-        raise ValueError("broadcast_global_variables: Keras 3 has no global variables; pass `model=`")
+        raise ValueError("broadcast_global_variables: eager TensorFlow has no global variables; pass `model=`")
     broadcast_variables(model.variables, root_rank)
-    if getattr(model, "optimizer", None) is not None and model.optimizer.built:
-        broadcast_variables(_optimizer.shared_variables(model.optimizer), root_rank)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", True):
+        broadcast_variables(_optimizer.shared_variables(optimizer), root_rank)
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
-               compression: Any = Compression.none) -> Any:
-    """``keras.models.load_model`` whose compiled optimizer allreduces gradients (state kept)."""
-    import keras
+               compression: Any = Compression.none, legacy_opts: bool = False) -> Any:
+    """``tf.keras.models.load_model`` whose compiled optimizer allreduces gradients (state kept).
+    ``legacy_opts`` is accepted for Horovod's signature: the saved optimizer's own class is loaded."""
+    keras = flavor.user_keras()
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects[cls.__name__] = cls
@@ -105,5 +152,6 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
     return model
 
 
-__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "broadcast_global_variables", "load_model", "callbacks", "init", "shutdown",
-           "size", "rank", "local_size", "local_rank", "allreduce", "allgather", "broadcast"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization",
+           "broadcast_global_variables", "load_model", "callbacks", "elastic", "init", "shutdown", "size", "rank",
+           "local_size", "local_rank", "allreduce", "allgather", "broadcast"]

@@ -1,5 +1,6 @@
-"""The value-adapter hook of mpidist.cross_device.ops: framework values go to the adapter that
-recognises them; NumPy values never do, and never load TensorFlow."""
+"""The public CrossDeviceOps classes (mpidist/frameworks.py) hand framework values to the TensorFlow
+layer (here a stand-in for mpidist.tensorflow.cross_device); NumPy values never go there and never
+load TensorFlow; the cross-device layer itself takes arrays only and calls nothing above it."""
 from __future__ import annotations
 
 import subprocess
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import mpidist
+from mpidist import frameworks
 from mpidist.cross_device import ops as ops_lib
 
 
@@ -17,8 +19,9 @@ class Boxed:
         self.value = value
 
 
-class BoxAdapter:
-    """Takes nests holding a Boxed; records what it was asked to do."""
+class BoxLayer:
+    """Stands for mpidist.tensorflow.cross_device: takes nests holding a Boxed; records what it was
+    asked to do."""
 
     def __init__(self):
         self.calls = []
@@ -39,12 +42,15 @@ class BoxAdapter:
         return Boxed(ops.broadcast_arrays(value.value, root))
 
 
-ADAPTER = BoxAdapter()
-ops_lib.register_value_adapter(ADAPTER)
-ops_lib.register_value_adapter(ADAPTER)  # twice: a no-op
+ADAPTER = BoxLayer()
 
 
-def test_framework_values_go_to_their_adapter():
+@pytest.fixture(autouse=True)
+def box_layer(monkeypatch):
+    monkeypatch.setattr(frameworks, "_tf_values_state", [ADAPTER])  # as if TensorFlow were in use
+
+
+def test_framework_values_go_to_the_framework_layer():
     ops = mpidist.NcclAllReduce(num_packs=2)
     options = mpidist.experimental.CommunicationOptions(timeout_seconds=30)
     out = ops.reduce("max", Boxed(np.arange(3.0)), options=options)
@@ -57,17 +63,20 @@ def test_framework_values_go_to_their_adapter():
     assert ADAPTER.calls[-1] == ("broadcast", "ReductionToOneDevice", 0, "ReductionToOneDevice.broadcast")
 
 
-def test_numpy_values_do_not_reach_an_adapter():
+def test_numpy_values_do_not_reach_the_framework_layer():
     before = len(ADAPTER.calls)
     result = mpidist.HierarchicalCopyAllReduce().reduce("sum", np.arange(4))
     assert isinstance(result, np.ndarray) and result.tolist() == [0, 1, 2, 3]
     assert len(ADAPTER.calls) == before
 
 
-def test_an_incomplete_adapter_is_refused():
-    with pytest.raises(TypeError, match="register_value_adapter: `adapter` must have a `batch_reduce` method"):
-        ops_lib.register_value_adapter(type("Half", (), {"handles": lambda s, v: False,
-                                                          "reduce": lambda *a: None})())
+def test_the_cross_device_layer_takes_arrays_only():
+    """Below the public classes nothing reaches up for a framework: a foreign value is an error."""
+    assert isinstance(mpidist.NcclAllReduce(), ops_lib.NcclAllReduce)
+    before = len(ADAPTER.calls)
+    with pytest.raises(TypeError, match="must be an array or a number"):
+        ops_lib.NcclAllReduce().reduce("sum", Boxed(np.ones(2)))
+    assert len(ADAPTER.calls) == before
 
 
 def test_numpy_use_does_not_load_tensorflow():

@@ -1,0 +1,276 @@
+"""Keras 2 (tf_keras, ``TF_USE_LEGACY_KERAS=1``) training under mpidist strategies, against one process.
+
+The Keras 2 counterpart of test_tf_keras.py: ``model.fit`` / ``evaluate`` of a ``tf.keras`` model
+built under ``strategy.scope()``, with tf_keras's current and legacy optimizers, and a custom loop.
+Each rank also trains the same model without a strategy on the same global batches: the
+distributed weights must be identical on every rank and equal to that reference within float
+tolerance; logged epoch loss and metrics must be the global ones.
+
+TF_USE_LEGACY_KERAS must be set before TensorFlow is imported, so this file runs in a job of its
+own (tests/run: ``TF_USE_LEGACY_KERAS=1 mpirun ... tests/mpi/test_keras2_*.py``); in any other
+job ``tf.keras`` is Keras 3 and the file skips itself.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from mpidist.keras import flavor  # noqa: E402
+
+if not flavor.is_keras2():
+    pytest.skip("Keras 2 tests: run with TF_USE_LEGACY_KERAS=1 and tf_keras installed (tests/run does)",
+                allow_module_level=True)
+
+from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
+from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
+
+keras = tf.keras
+pytestmark = pytest.mark.mpi
+GLOBAL_BATCH = 16  # a multiple of every tested size (1, 2, 4)
+TOL = 1e-5
+
+
+def dataset_arrays(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    y = (x[:, :3].sum(axis=1) > 0).astype(np.int64) + (x[:, 3] > 1).astype(np.int64)
+    return x, y
+
+
+def make_optimizer(kind: str):
+    if kind == "sgd":  # tf_keras's current optimizer (the one since TF 2.11)
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+    if kind == "legacy_sgd":  # OptimizerV2, with Keras 2's lr= spelling
+        return keras.optimizers.legacy.SGD(lr=0.1, momentum=0.9)
+    if kind == "legacy_adam":
+        return keras.optimizers.legacy.Adam(0.01)
+    return keras.optimizers.Adam(0.01)
+
+
+def build_model(optimizer: str, steps_per_execution: int = 1):
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              # batch statistics over the global batch (the replica context's all_reduce)
+                              keras.layers.BatchNormalization(synchronized=True), keras.layers.Dense(3)])
+    model.compile(optimizer=make_optimizer(optimizer),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return model
+
+
+def assert_same_on_every_rank(comm, weights):
+    everyone = comm.allgather([np.asarray(w) for w in weights])
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def assert_close(weights, reference, tol=TOL):
+    assert len(weights) == len(reference)
+    for a, b in zip(weights, reference):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, rtol=tol)
+
+
+def on_chief(comm, fn):
+    """``fn()`` computed by rank 0 only (the single-process reference), sent to every rank."""
+    return comm.bcast(fn() if comm.Get_rank() == 0 else None, root=0)
+
+
+def test_tf_keras_is_keras_2():
+    assert flavor.major_version(keras) == 2 and keras.__name__.startswith("tf_keras")
+
+
+@pytest.mark.parametrize("kind, data, optimizer, steps_per_execution", [
+    ("MultiWorkerMirroredStrategy", "numpy", "sgd", 1),
+    ("MultiWorkerMirroredStrategy", "dataset", "legacy_sgd", 3),  # several steps per tf.function
+    ("MultiWorkerMirroredStrategy", "distributed", "adam", 2),  # fit(strategy.experimental_distribute_dataset(ds))
+    ("MultiWorkerMirroredStrategy", "numpy", "legacy_adam", 1),
+    ("CentralStorageStrategy", "numpy", "sgd", 1),
+])
+def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
+    strategy = make_strategy(kind, eng, CommunicationOptions())
+    x, y = dataset_arrays(64)
+    xe, ye = dataset_arrays(70, seed=1)  # 70 = 4 full global batches + a short one of 6
+    with strategy.scope():
+        model = build_model(optimizer, steps_per_execution)
+    initial = model.get_weights()
+    assert_same_on_every_rank(comm, initial)
+    fit = dict(epochs=2, verbose=0, shuffle=False)
+    if data == "numpy":
+        history = model.fit(x, y, batch_size=GLOBAL_BATCH, **fit)
+        got = model.evaluate(xe, ye, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+    else:
+        train, test = (tf.data.Dataset.from_tensor_slices(d).batch(GLOBAL_BATCH) for d in ((x, y), (xe, ye)))
+        steps = {}
+        if data == "distributed":  # Keras 2 iterates a distributed dataset once: repeat it, give the steps
+            train = strategy.experimental_distribute_dataset(train.repeat())
+            test = strategy.experimental_distribute_dataset(test)
+            steps = dict(steps_per_epoch=len(x) // GLOBAL_BATCH), dict(steps=-(-len(xe) // GLOBAL_BATCH))
+        history = model.fit(train, **fit, **(steps[0] if steps else {}))
+        got = model.evaluate(test, verbose=0, return_dict=True, **(steps[1] if steps else {}))
+
+    def single_process():
+        reference = build_model(optimizer, steps_per_execution)  # no strategy
+        reference.set_weights(initial)
+        h = reference.fit(x, y, batch_size=GLOBAL_BATCH, **fit)
+        e = reference.evaluate(xe, ye, batch_size=GLOBAL_BATCH, verbose=0, return_dict=True)
+        return reference.get_weights(), h.history, e
+
+    weights, expected_history, expected_eval = on_chief(comm, single_process)
+    assert_same_on_every_rank(comm, model.get_weights())
+    assert_close(model.get_weights(), weights)
+    for key in ("loss", "accuracy"):  # epoch logs are global, not this rank's
+        np.testing.assert_allclose(history.history[key], expected_history[key], rtol=TOL)
+    assert got.keys() == expected_eval.keys()
+    for key in expected_eval:
+        assert got[key] == pytest.approx(expected_eval[key], rel=TOL)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "legacy_sgd"])
+def test_custom_training_loop_equals_single_process(eng, comm, optimizer):
+    """TensorFlow's "Custom training with tf.distribute.Strategy" tutorial with tf_keras."""
+    x, y = dataset_arrays(64, seed=2)
+
+    def make(strategy):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(3)])
+            opt = make_optimizer(optimizer)
+            loss_object = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=keras.losses.Reduction.NONE)
+            accuracy = keras.metrics.SparseCategoricalAccuracy()
+        return model, opt, loss_object, accuracy
+
+    def train(strategy, model, opt, loss_object, accuracy):
+        def train_step(inputs):
+            features, labels = inputs
+            with tf.GradientTape() as tape:
+                predictions = model(features, training=True)
+                loss = tf.nn.compute_average_loss(loss_object(labels, predictions), global_batch_size=GLOBAL_BATCH)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(gradients, model.trainable_variables))
+            accuracy.update_state(labels, predictions)
+            return loss
+
+        @tf.function
+        def distributed_train_step(batch):
+            per_replica = strategy.run(train_step, args=(batch,))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        dist = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH))
+        losses, accuracies = [], []
+        for _ in range(2):
+            losses.append(float(np.mean([float(distributed_train_step(b)) for b in dist])))
+            accuracies.append(float(accuracy.result()))
+            accuracy.reset_state()
+        return losses, accuracies
+
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    parts = make(strategy)
+    initial = parts[0].get_weights()
+    losses, accuracies = train(strategy, *parts)
+
+    def single_process():
+        default = tf.distribute.get_strategy()
+        ref = make(default)
+        ref[0].set_weights(initial)
+        return train(default, *ref), ref[0].get_weights()
+
+    (ref_losses, ref_accuracies), ref_weights = on_chief(comm, single_process)
+    assert_same_on_every_rank(comm, parts[0].get_weights())
+    assert_close(parts[0].get_weights(), ref_weights)
+    np.testing.assert_allclose(losses, ref_losses, rtol=TOL)
+    np.testing.assert_allclose(accuracies, ref_accuracies, rtol=TOL)
+
+
+def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm):
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    tf.random.set_seed(eng.rank)  # a different initial draw on every rank: rank 0's must win
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        metric = keras.metrics.Mean()
+    assert_same_on_every_rank(comm, model.get_weights())
+    values = tf.constant([eng.rank + 1.0] * (eng.rank + 1))
+
+    @tf.function
+    def update(v):
+        strategy.run(metric.update_state, args=(v,))
+
+    update(values)
+    n = eng.size
+    assert float(metric.result()) == pytest.approx(sum((r + 1) ** 2 for r in range(n)) / sum(r + 1 for r in range(n)))
+
+
+def test_predict_returns_every_row_in_order(eng, comm):
+    """As with Keras 3 (test_keras_predict.py): every rank gets all rows, in input order, with a short
+    last batch, from arrays and from a dataset."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, _ = dataset_arrays(70, seed=4)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    want = on_chief(comm, lambda: model(x).numpy())
+    for got in (model.predict(x, batch_size=GLOBAL_BATCH, verbose=0),
+                model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+ROWS, EPOCHS = 70, 3  # a short last batch of 6
+
+
+class Recorder(keras.Sequential):
+    """Records the row ids (feature 0) of every batch this rank trains on (run eagerly)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def train_step(self, data):
+        self.seen.append(data[0][:, 0].numpy().astype(np.int64))
+        return super().train_step(data)
+
+
+@pytest.mark.parametrize("source", ["arrays", "dataset"])
+def test_unseeded_shuffles_agree_across_ranks(eng, comm, source):
+    """fit(shuffle=True) on arrays and dataset.shuffle(n) without a seed: in every epoch the ranks
+    train on disjoint parts of one global permutation, a new one every epoch (as one process)."""
+    tf.random.set_seed(None)  # a program without a global seed (else TensorFlow's seeds agree anyway)
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x = np.stack([np.arange(ROWS), np.ones(ROWS)], axis=1).astype(np.float32)
+    y = np.zeros((ROWS, 1), np.float32)
+    with strategy.scope():
+        model = Recorder([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    if source == "arrays":
+        model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=True, epochs=EPOCHS, verbose=0)
+    else:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(ROWS).batch(GLOBAL_BATCH), epochs=EPOCHS,
+                  verbose=0)
+    steps = len(model.seen) // EPOCHS
+    everyone = comm.allgather(model.seen)
+    orders = [[row for step in range(e * steps, (e + 1) * steps) for rank in everyone for row in rank[step]]
+              for e in range(EPOCHS)]
+    for order in orders:
+        assert sorted(order) == list(range(ROWS)), order  # every row exactly once: disjoint, complete
+    assert len({tuple(o) for o in orders}) == EPOCHS and orders[0] != list(range(ROWS)), orders
+
+
+def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
+    """tf_keras's own multi-worker file handling (non-chiefs write to a temporary directory named by
+    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, y = dataset_arrays(32, seed=5)
+    with strategy.scope():
+        model = build_model("sgd")
+    callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(shared_dir, "model-{epoch}.h5")),
+                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs"))]
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=callbacks)
+    comm.Barrier()
+    assert sorted(os.listdir(shared_dir)) == ["logs", "model-1.h5", "model-2.h5"]
+    restored = keras.models.load_model(os.path.join(shared_dir, "model-2.h5"))
+    assert_close(restored.get_weights(), model.get_weights(), tol=0)

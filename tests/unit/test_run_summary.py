@@ -1,0 +1,66 @@
+"""tests/run's summary: a step where every test was skipped, or none ran, reads SKIP with pytest's
+reasons, never PASS. The step function is taken from tests/run itself and run on stand-in
+commands that print what pytest prints."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+
+import pytest
+
+RUN = pathlib.Path(__file__).resolve().parents[1] / "run"
+
+
+def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str | None = None) -> str:
+    """The summary line tests/run's ``step`` writes for a step that prints ``output`` and exits with
+    ``code`` (and, as a tests/mpi launch does, writes ``counts`` to MPITEST_COUNTS)."""
+    text = RUN.read_text()
+    functions = text[text.index("status=0\n"):text.index("extra=$(")]
+    (tmp_path / "tests" / ".logs").mkdir(parents=True)
+    (tmp_path / "printed").write_text(output)
+    command = "cat printed"
+    if counts:
+        (tmp_path / "counts.txt").write_text(counts + "\n")
+        command += f"; cp counts.txt {tmp_path}/counts"
+    setup = f"export MPITEST_COUNTS={tmp_path}/counts\n" if counts else ""
+    script = (f"{functions}\nextra=0\n{setup}step demo bash -c '{command}; exit {code}' >/dev/null\n"
+              f"printf '%s\\n' \"${{summary[@]}}\"\n")
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_every_test_skipped_is_a_skip_with_the_reasons(tmp_path):
+    out = ("sss\nSKIPPED [2] tests/slurm/conftest.py:29: no Slurm here: apt-get failed\n"
+           "SKIPPED [1] tests/slurm/test_elastic.py:12: no Slurm here: apt-get failed\n"
+           "SKIPPED [1] tests/mpi/test_tf_x.py:9: could not import 'tensorflow'\n"
+           "\x1b[33m4 skipped\x1b[0m in 0.51s\n")
+    assert summary_of(out, tmp_path) == (
+        "SKIP  demo: all 4 tests skipped: no Slurm here: apt-get failed; could not import 'tensorflow'")
+
+
+def test_no_test_run_is_a_skip(tmp_path):
+    assert summary_of("\nno tests ran in 0.01s\n", tmp_path) == "SKIP  demo: no test ran"
+
+
+@pytest.mark.parametrize("out, expected", [
+    ("5 passed, 2 skipped in 3.20s", "PASS  demo (5 passed, 2 skipped)"),
+    ("12 passed in 1.00s", "PASS  demo (12 passed)"),
+])
+def test_passes_count_passed_and_skipped(tmp_path, out, expected):
+    assert summary_of(out + "\n", tmp_path) == expected
+
+
+def test_mpi_counts_file_and_failures(tmp_path):
+    assert summary_of("3 passed, 1 skipped in 2.00s\n", tmp_path, counts="3 2") == \
+        "PASS  demo (3 passed, of which 2 on the host fake of CuPy/NCCL, not a GPU, 1 skipped)"
+
+
+def test_a_failure_stays_a_failure(tmp_path):
+    assert summary_of("1 failed, 2 skipped in 2.00s\n", tmp_path, code=1) == "FAIL  demo (exit 1) (0 passed, 2 skipped)"
+
+
+def test_a_step_that_is_not_pytest_reads_pass_or_fail_by_its_exit_code(tmp_path):
+    assert summary_of("--- ruff check mpidist tools\nAll checks passed!\n", tmp_path) == "PASS  demo"
+    (tmp_path / "again").mkdir()
+    assert summary_of("Found 3 errors.\n", tmp_path / "again", code=1) == "FAIL  demo (exit 1)"
