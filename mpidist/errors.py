@@ -28,7 +28,7 @@ def _tf_error_class(name: str | None) -> type | None:
     return getattr(sys.modules.get(_TF_ERRORS), name, None)
 
 
-def _tf_flavoured(cls: type, tf_class: type) -> type:
+def _tf_flavoured(cls: type, tf_class: Any) -> type:
     """``cls`` that is also ``tf_class`` (built once per pair)."""
     made = _with_tf.get((cls, tf_class))
     if made is None:
@@ -50,7 +50,7 @@ class MpidistError(Exception):
 
     _tf_error: str | None = None  # the tf.errors class this one also is when TensorFlow is imported
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "MpidistError":
+    def __new__(cls, *args: Any, **kwargs: Any) -> MpidistError:
         tf_class = _tf_error_class(cls._tf_error)
         if tf_class is not None and not issubclass(cls, tf_class):
             cls = _tf_flavoured(cls, tf_class)
@@ -135,7 +135,7 @@ def _failed_class(bases: tuple[type, ...]) -> type:
     key = bases
     made = _failed_with.get(key)
     if made is None:
-        tf_class = next((b for b in bases if b.__module__ == _TF_ERRORS), None)
+        tf_class: Any = next((b for b in bases if b.__module__ == _TF_ERRORS), None)
 
         def __init__(self: Any, message: Any = "", *args: Any) -> None:
             if tf_class is not None:

@@ -246,9 +246,12 @@ def report(comm: MPI.Intracomm, key: tuple | None, describe: Callable[[tuple], s
     """All ranks saw different hashes: exchange descriptions (a failing rank: its ``error``, as a
     :class:`Failed`) and raise, on every rank: ``error`` where given; else, when some rank failed,
     ``CollectiveFailedError`` naming it; else the mismatch."""
-    descriptions = comm.allgather(describe(key) if error is None else Failed(error))
     if error is not None:
+        comm.allgather(Failed(error))
         raise error
+    if key is None:
+        raise TypeError("report: give the collective's `key` or this rank's `error`")
+    descriptions = comm.allgather(describe(key))
     failures = [(rank, d.types, d.message) for rank, d in enumerate(descriptions) if isinstance(d, Failed)]
     if failures:
         raise peer_failure(where, failures)

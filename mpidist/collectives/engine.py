@@ -43,8 +43,18 @@ from mpi4py import MPI
 from .._config import rc
 from ..topology import Topology, abort
 from ..validation import check_rank
-from . import allgather, allreduce, arrays, broadcast, nest, progress, reduce, reduce_scatter, timeline
-from . import gpu  # device arrays go to collectives/gpu
+from . import (
+    allgather,
+    allreduce,
+    arrays,
+    broadcast,
+    gpu,  # device arrays go to collectives/gpu
+    nest,
+    progress,
+    reduce,
+    reduce_scatter,
+    timeline,
+)
 from .ops import parse_op
 from .options import CallOptions, Resolved
 from .pipeline import Pipeline
@@ -331,7 +341,8 @@ def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, para
     rec = timeline.recorder()
     start = rec.now() if rec is not None else 0.0
     if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
-        leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
+        leaves = host_arrays = [value]  # hot path: one array
+        tree, adapters = nest.LEAF, None
     else:
         leaves, tree = nest.flatten(value)
         if gpu.any_device(leaves):  # nests holding device arrays run in collectives/gpu

@@ -193,7 +193,8 @@ class Pipeline:
         """
         call = Caller(where, options.timeout, self.mark_broken)
         ctx = Call(where, self.topology, call, options)
-        prepared = agreed = None  # timeline marks: end of prepare, end of agreement
+        prepared: float | None = None  # timeline mark: end of prepare, when there is an agreement
+        marks: tuple[float, float | None] | None = None  # timeline marks: end of prepare, end of agreement
         exchange = None  # the agreement, posted and not yet checked, when speculating
         if rc.check_agreement:
             key = self.key(where, op_root, structure_of(tree), module.signature(arrays),
@@ -210,25 +211,28 @@ class Pipeline:
                 recipe = getattr(module, "recipe", None) if variant is None else None  # host allreduce
                 agreed_on.check(h, call, key, where, None if recipe is None else
                                 lambda: recipe(ctx, arrays, Op(op_root[0])))
-                if agreed_on.last[1] is not None:  # check the prediction against the steps run
+                last = agreed_on.last
+                if last is not None and last[1] is not None:  # check the prediction against the steps run
                     call.issued = []
         if rec is not None:
-            prepared, agreed = timeline.agreed(rec, prepared, call)
+            marks = timeline.agreed(rec, prepared, call)
         if exchange is None:
             results = run(ctx)
-            if call.issued is not None and module.issued_recipe(ctx, call.issued) != agreed_on.last[1]:
+            last = agreed_on.last if call.issued is not None else None
+            if last is not None and module.issued_recipe(ctx, call.issued) != last[1]:
                 # the data steps were not the predicted ones (every rank finds the same): never speculate
                 # on this signature, since ranks that did not could not replay them
-                agreed_on.last = (agreed_on.last[0], None)
+                agreed_on.last = (last[0], None)
         else:
             try:
                 results = run(ctx)
             except BaseException:
                 agreement.abandon(exchange, where)
                 raise
-            agreed_on.finish(exchange, call, key, where, agreed_on.last[1])
-        if rec is not None:
-            self.record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, options.algorithm,
+            last = agreed_on.last
+            agreed_on.finish(exchange, call, key, where, last[1] if last is not None else None)
+        if marks is not None:
+            self.record(rec, where, start, marks[0], marks[1], call.steps, arrays, op_root, options.algorithm,
                         ctx.notes)
         return results
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from . import runner

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from ..._config import rc
 from ...collectives import Engine
-from . import environment, process_sets, keras_spellings
+from . import environment, keras_spellings, process_sets
 
 _log = logging.getLogger("mpidist")
 _engine: Engine | None = None
@@ -133,7 +133,7 @@ def nccl_built() -> int:
     """mpidist reaches NCCL through CuPy when it is installed (0: not available)."""
     try:
         from cupy.cuda import nccl  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means no NCCL
+    except Exception:  # any import failure means no NCCL
         return 0
     return 1
 

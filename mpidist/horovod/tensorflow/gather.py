@@ -28,10 +28,9 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from ...errors import CollectiveMismatchError
-
 from . import joins, runner
-from .raw import raw_allreduce, wire
 from .process_sets import ProcessSet, global_process_set
+from .raw import raw_allreduce, wire
 from .reduce_ops import Average
 
 

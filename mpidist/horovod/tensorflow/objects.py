@@ -16,9 +16,9 @@ from . import joins
 from .process_sets import ProcessSet, global_process_set
 
 try:
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler  # type: ignore[import-untyped]  # no type information shipped
 except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle  # type: ignore[assignment]
+    _pickler = pickle
 
 
 def _dumps(obj: Any) -> np.ndarray:

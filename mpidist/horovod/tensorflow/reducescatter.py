@@ -16,10 +16,10 @@ import tensorflow as tf
 
 from . import joins, runner
 from .allreduce import scale
-from .raw import wire
 from .compression import Compression
 from .gather import raw_allgather
 from .process_sets import ProcessSet, global_process_set
+from .raw import wire
 from .reduce_ops import Average, Sum, engine_op, name_of
 
 

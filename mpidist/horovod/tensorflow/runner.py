@@ -36,7 +36,7 @@ import tensorflow as tf
 from ...errors import CollectiveMismatchError
 from ...tensorflow.collectives import check_not_xla, ordering_token
 
-_last_op: "weakref.WeakKeyDictionary[tf.Graph, tf.Operation]" = weakref.WeakKeyDictionary()
+_last_op: weakref.WeakKeyDictionary[tf.Graph, tf.Operation] = weakref.WeakKeyDictionary()
 
 Run = Callable[[list[np.ndarray]], list[np.ndarray]]
 
@@ -79,7 +79,7 @@ def _in_graph(engine: Any, run: Run, arrays: list[np.ndarray], where: str, out_d
     try:
         with engine.guard(where):
             results = run(arrays)
-    except Exception as e:  # noqa: BLE001 - each kind becomes the TensorFlow error Horovod raises
+    except Exception as e:  # each kind becomes the TensorFlow error Horovod raises
         error = horovod_error(e)
         code = getattr(error, "error_code", None)
         if code == tf.errors.FAILED_PRECONDITION:

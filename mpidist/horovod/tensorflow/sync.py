@@ -7,11 +7,11 @@ import numpy as np
 import tensorflow as tf
 
 from . import joins, runner
-from .raw import wire
 from .process_sets import ProcessSet, global_process_set
+from .raw import wire
 
 
-def barrier(process_set: ProcessSet = global_process_set) -> None:
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """Wait until every rank of the process set has called barrier."""
     engine = process_set.require_engine("barrier")
 
