@@ -13,6 +13,7 @@ with the ``except`` clause they already have:
 """
 from __future__ import annotations
 
+import builtins
 import sys
 from typing import Any
 
@@ -27,7 +28,7 @@ def _tf_error_class(name: str | None) -> type | None:
     return getattr(sys.modules.get(_TF_ERRORS), name, None)
 
 
-def _tf_flavoured(cls: type, tf_class: type) -> type:
+def _tf_flavoured(cls: type, tf_class: Any) -> type:
     """``cls`` that is also ``tf_class`` (built once per pair)."""
     made = _with_tf.get((cls, tf_class))
     if made is None:
@@ -49,7 +50,7 @@ class MpidistError(Exception):
 
     _tf_error: str | None = None  # the tf.errors class this one also is when TensorFlow is imported
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "MpidistError":
+    def __new__(cls, *args: Any, **kwargs: Any) -> MpidistError:
         tf_class = _tf_error_class(cls._tf_error)
         if tf_class is not None and not issubclass(cls, tf_class):
             cls = _tf_flavoured(cls, tf_class)
@@ -87,8 +88,96 @@ class RanksLostError(MpidistError, RuntimeError):
     _tf_error = "UnavailableError"
 
 
+class CollectiveFailedError(MpidistError, RuntimeError):
+    """Another rank's call of this collective failed before its data moved (an argument, conversion
+    or dtype error there), so the collective raises on every rank: that rank raises its own error,
+    every other rank this one, naming the rank and its message.
+
+    Built by :func:`peer_failure`, which makes it also an instance of the failing rank's error type
+    when that type is a built-in exception or a ``tf.errors`` class (``except ValueError`` or
+    ``except tf.errors.InvalidArgumentError`` then catches it on every rank alike). Attributes:
+    ``where`` (the collective), ``rank`` (the lowest rank that failed), ``failures`` (a list of
+    ``(rank, type name, message)``, one per failing rank).
+    """
+
+    where: str = ""
+    rank: int = -1
+    failures: list = []
+
+
 class GpuUnavailableError(MpidistError, RuntimeError):
     """GPU buffers or NCCL were asked for where CuPy, NCCL or a GPU is missing (raised on every rank)."""
+
+
+_failed_with: dict[tuple[type, ...], type] = {}  # the failing rank's bases -> CollectiveFailedError with them
+
+
+def _resolve(types: Any) -> tuple[type, ...]:
+    """The classes named by ``types`` ((module, qualname) of the failing rank's exception and its
+    bases, most derived first) that this process can raise alike: the most derived ``tf.errors``
+    class (when TensorFlow is imported) and the most derived built-in exception other than
+    Exception/BaseException."""
+    tf_class = builtin = None
+    for module, name in types:
+        if module == _TF_ERRORS and tf_class is None:
+            tf_class = _tf_error_class(name)
+        elif module == "builtins" and builtin is None and name not in ("Exception", "BaseException", "object"):
+            candidate = getattr(builtins, name, None)
+            if isinstance(candidate, type) and issubclass(candidate, Exception) \
+                    and candidate.__basicsize__ == Exception.__basicsize__:  # not OSError's own lay-out
+                builtin = candidate
+    return tuple(c for c in (tf_class, builtin) if c is not None)
+
+
+def _failed_class(bases: tuple[type, ...]) -> type:
+    """CollectiveFailedError that is also each of ``bases`` (built once per tuple; the plain class
+    when Python cannot combine them)."""
+    key = bases
+    made = _failed_with.get(key)
+    if made is None:
+        tf_class: Any = next((b for b in bases if b.__module__ == _TF_ERRORS), None)
+
+        def __init__(self: Any, message: Any = "", *args: Any) -> None:
+            if tf_class is not None:
+                tf_class.__init__(self, None, None, str(message))
+            else:
+                Exception.__init__(self, message)
+            self.args = (message,) + args
+
+        made = CollectiveFailedError
+        while bases:
+            try:
+                made = type("CollectiveFailedError", (CollectiveFailedError,) + bases, {
+                    "__init__": __init__, "__module__": __name__, "__qualname__": "CollectiveFailedError",
+                    "__str__": lambda self: str(self.args[0]) if self.args else "",
+                    "__reduce__": lambda self: (CollectiveFailedError, tuple(self.args)),
+                    "_mpidist_base": CollectiveFailedError})
+                break
+            except TypeError:  # an instance lay-out conflict: keep the more important bases
+                bases = bases[:-1]
+        _failed_with[key] = made
+    return made
+
+
+def failure_types(error: BaseException) -> tuple[tuple[str, str], ...]:
+    """What other ranks need to raise an error of ``error``'s type: (module, qualname) of its class
+    and its bases, most derived first (see :func:`peer_failure`)."""
+    return tuple((c.__module__, c.__qualname__) for c in type(error).__mro__)
+
+
+def peer_failure(where: str, failures: list[tuple[int, Any, str]]) -> CollectiveFailedError:
+    """The error of a rank whose collective ``where`` did not fail itself while ``failures``
+    ((rank, :func:`failure_types` of its error, its message), lowest rank first) did."""
+    rank, types, message = failures[0]
+    type_name = types[0][1] if types else "Exception"
+    text = f"{where}: rank {rank} failed before the collective's data moved, so it fails on every rank: " \
+           f"{type_name}: {message}"
+    if len(failures) > 1:
+        text += f" (ranks {', '.join(str(r) for r, _, _ in failures[1:])} failed too)"
+    error = _failed_class(_resolve(types))(text)
+    error.where, error.rank = where, rank
+    error.failures = [(r, t[0][1] if t else "Exception", m) for r, t, m in failures]
+    return error
 
 
 def deadline_exceeded(message: str) -> DeadlineExceededError:

@@ -34,6 +34,25 @@ waits for the exchange and checks it, before returning anything. Why this is saf
 - GPU allreduces speculate too: their recipes are recorded as their data steps run (NCCL calls,
   which replay themselves, or flat MPI calls on staged or device buffers, replayed as above);
   collectives/gpu/recipes.py extends this argument to the GPU.
+
+**Failures before the data moves** (:meth:`Agreement.fail`). A rank whose call of a collective
+fails before its exchange (an argument, conversion or dtype error, in the engine or in a layer
+above it: ``Engine.fail``, ``Engine.guard``) must not simply skip the collective, or the other
+ranks would match their call against its next one, and every later collective would be one apart.
+So it still takes part in the collective's exchange, with the reserved signature :data:`FAILED`
+(-1; real hashes are >= 0), never speculated. For every rank that is the outcome of a mismatch, so
+all ranks take the mismatch path together (draining first if some speculated, as above), and in
+the description exchange the failing rank sends its error (:class:`Failed`: type and message)
+instead of a description. Then every rank raises for this same collective: a failing rank its own
+error, every other rank ``CollectiveFailedError`` naming the lowest failing rank and its message
+(also of that error's type where it is a built-in or a ``tf.errors`` class: errors.peer_failure).
+When every rank failed (the hashes' maximum is FAILED) there is nothing to exchange: each raises
+its own error. ``last`` is cleared in both cases, on every rank, so the invariant below holds.
+``exchanges`` counts this rank's exchanges: a layer that sees an error can tell from it whether
+its collective reached an exchange (then the error is already on every rank) or not (then it must
+report the failure). Every path that posts an exchange must count it (:meth:`Agreement.post` and
+:meth:`Agreement.bind` do): an uncounted one would make an error raised after its data moved look
+like a failure before it, and the extra failed exchange would put the ranks one collective apart.
 """
 from __future__ import annotations
 
@@ -43,10 +62,11 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError, failure_types, peer_failure
 from . import deadline
 
 _MASK = (1 << 62) - 1
+FAILED = -1  # the reserved signature of a rank whose call failed before its exchange (hashes are >= 0)
 
 Recipe = tuple  # ((wire dtype, count, MPI op, non-blocking), ...): the flat allreduces of one collective
 
@@ -73,6 +93,24 @@ class Exchange:
         self.request = comm.Iallreduce(self.send, self.recv, MPI.MIN)
 
 
+class Failed:
+    """What a failing rank sends in the description exchange: its error's types and message."""
+
+    __slots__ = ("types", "message")
+
+    def __init__(self, error: BaseException) -> None:
+        self.types, self.message = failure_types(error), str(error)
+
+    def __getstate__(self) -> tuple:
+        return self.types, self.message
+
+    def __setstate__(self, state: tuple) -> None:
+        self.types, self.message = state
+
+    def __str__(self) -> str:
+        return f"failed before the collective: {self.types[0][1] if self.types else 'Exception'}: {self.message}"
+
+
 class Agreement:
     """The agreement state of one communicator (one per pipeline); see the module docstring."""
 
@@ -81,6 +119,7 @@ class Agreement:
         self.describe = describe
         self.hashes: dict[tuple, int] = {}
         self.last: tuple[int, Recipe | None] | None = None  # (hash, recipe) agreed last on this comm
+        self.exchanges = 0  # exchanges this rank has posted on this communicator (see the module docstring)
 
     def hash(self, key: tuple) -> int:
         return signature_hash(key, self.hashes)
@@ -91,7 +130,25 @@ class Agreement:
         return last is not None and last[0] == h and last[1] is not None
 
     def post(self, h: int, speculated: bool) -> Exchange:
+        self.exchanges += 1
         return Exchange(self.comm, h, speculated)
+
+    def fail(self, call: Any, where: str, error: BaseException) -> None:
+        """This rank's call of ``where`` failed before its exchange: take part in the exchange with
+        :data:`FAILED`, then raise ``error`` here and an error naming this rank on every other rank
+        (see the module docstring). Always raises."""
+        exchange = self.post(FAILED, False)
+        if call is None:
+            exchange.request.Wait()
+        else:
+            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        _, neg_high, neg_spec = exchange.recv.tolist()
+        last, self.last = self.last, None
+        if neg_high == -FAILED:  # the hashes' maximum is FAILED: every rank failed, each raises its own
+            raise error
+        if neg_spec < 0:  # ranks that speculated ran the data calls of ``last``: match them
+            drain(self.comm, last[1] if last is not None else None, where)
+        report(self.comm, None, self.describe, where, error)
 
     def finish(self, exchange: Exchange, call: Any, key: tuple, where: str,
                recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
@@ -140,6 +197,7 @@ class Agreement:
 
         def agreed(x: Any) -> Any:
             last = self.last
+            self.exchanges += 1
             recv = empty(3, dtype=int64)
             if last is None or last[0] != h or last[1] is None:  # not speculated: agree first
                 comm.Iallreduce(first, recv, minimum).Wait()
@@ -183,9 +241,20 @@ def drain(comm: MPI.Intracomm, recipe: Recipe | None, where: str) -> None:
             comm.Allreduce(send, recv, op)
 
 
-def report(comm: MPI.Intracomm, key: tuple, describe: Callable[[tuple], str], where: str) -> None:
-    """All ranks saw different hashes: exchange descriptions and raise, on every rank."""
+def report(comm: MPI.Intracomm, key: tuple | None, describe: Callable[[tuple], str], where: str,
+           error: BaseException | None = None) -> None:
+    """All ranks saw different hashes: exchange descriptions (a failing rank: its ``error``, as a
+    :class:`Failed`) and raise, on every rank: ``error`` where given; else, when some rank failed,
+    ``CollectiveFailedError`` naming it; else the mismatch."""
+    if error is not None:
+        comm.allgather(Failed(error))
+        raise error
+    if key is None:
+        raise TypeError("report: give the collective's `key` or this rank's `error`")
     descriptions = comm.allgather(describe(key))
+    failures = [(rank, d.types, d.message) for rank, d in enumerate(descriptions) if isinstance(d, Failed)]
+    if failures:
+        raise peer_failure(where, failures)
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
 
 

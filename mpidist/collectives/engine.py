@@ -21,13 +21,21 @@ With ``timeout_seconds`` (or ``rc.timeout_seconds``; 0 = no deadline) every MPI 
 non-blocking and the whole collective must finish by the deadline, else DeadlineExceededError and
 the pipeline is marked broken (see deadline.py).
 
+An error on any rank is an error on every rank, and the next collective works: a call that fails
+on one rank before its agreement exchange (step 2: a bad op or root, an array that cannot be
+converted, a dtype the collective refuses) still takes part in that exchange with a failed
+signature (:meth:`Engine.fail`; agreement.py), so every rank raises for this same collective.
+Layers above the engine (Horovod, strategies) report their own checks the same way, with
+:meth:`Engine.guard` around the code before their engine call, or :meth:`Engine.fail`.
+
 Everything derived from the communicator lives in the engine's pipeline, so
 :meth:`Engine.replace_comm` swaps the communicator in one step.
 """
 from __future__ import annotations
 
+import contextlib
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -35,8 +43,18 @@ from mpi4py import MPI
 from .._config import rc
 from ..topology import Topology, abort
 from ..validation import check_rank
-from . import allgather, allreduce, arrays, broadcast, nest, progress, reduce, reduce_scatter, timeline
-from . import gpu  # device arrays go to collectives/gpu
+from . import (
+    allgather,
+    allreduce,
+    arrays,
+    broadcast,
+    gpu,  # device arrays go to collectives/gpu
+    nest,
+    progress,
+    reduce,
+    reduce_scatter,
+    timeline,
+)
 from .ops import parse_op
 from .options import CallOptions, Resolved
 from .pipeline import Pipeline
@@ -131,9 +149,12 @@ class Engine:
                     pipeline.raise_if_lost("allreduce", exc)
                     raise
         where = "allreduce"
-        red = parse_op(op, where)
-        result = self._run(where, value, (red.value, None), dict(op=red), self._options(
-            where, plain, bytes_per_pack, num_packs, algorithm, timeout_seconds, options))
+        try:
+            red = parse_op(op, where)
+            resolved = self._options(where, plain, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        result = self._run(where, value, (red.value, None), dict(op=red), resolved)
         if plain:
             pipeline.fast.remember(op, red, value)
         return result
@@ -147,8 +168,11 @@ class Engine:
         run in the order they are started, blocking ones included. ``value``'s arrays must not change
         until it is done."""
         where = "allreduce_async"
-        parse_op(op, where)  # argument errors here, not at wait()
-        self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        try:  # argument errors here, not at wait(), and on every rank (see fail)
+            parse_op(op, where)
+            self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:
+            self.fail(where, exc)
         pipeline = self.pipeline
         pipeline.check_usable(where)
         return progress.worker(pipeline).submit(lambda: self.allreduce(
@@ -160,49 +184,110 @@ class Engine:
                   timeout_seconds: float | None = None, options: CallOptions | None = None) -> Any:
         """Every rank gets ``root``'s value. All ranks pass a value of the same structure, dtypes and shapes."""
         where = "broadcast"
-        root = check_rank(root, where, "root", self.size)
-        return self._run(where, value, (None, root), dict(root=root), self._options(
-            where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options))
+        try:
+            root = check_rank(root, where, "root", self.size)
+            resolved = self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        return self._run(where, value, (None, root), dict(root=root), resolved)
 
     def allgather(self, value: Any, *, bytes_per_pack: int | None = None, num_packs: int | None = None,
                   algorithm: str | None = None, timeout_seconds: float | None = None,
                   options: CallOptions | None = None) -> Any:
         """Concatenate every rank's value along axis 0 in rank order; axis 0 may differ per rank."""
         where = "allgather"
-        return self._run(where, value, (None, None), {}, self._options(
-            where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options))
+        try:
+            resolved = self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        return self._run(where, value, (None, None), {}, resolved)
 
     def reduce(self, value: Any, op: Any = "sum", root: int = 0, *, bytes_per_pack: int | None = None,
                num_packs: int | None = None, algorithm: str | None = None,
                timeout_seconds: float | None = None, options: CallOptions | None = None) -> Any:
         """Reduce over all ranks to ``root``; returns the result at the root and None elsewhere."""
         where = "reduce"
-        red = parse_op(op, where)
-        root = check_rank(root, where, "root", self.size)
-        return self._run(where, value, (red.value, root), dict(op=red, root=root), self._options(
-            where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options))
+        try:
+            red = parse_op(op, where)
+            root = check_rank(root, where, "root", self.size)
+            resolved = self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        return self._run(where, value, (red.value, root), dict(op=red, root=root), resolved)
 
     def reduce_scatter(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,
                        num_packs: int | None = None, algorithm: str | None = None,
                        timeout_seconds: float | None = None, options: CallOptions | None = None) -> Any:
         """Reduce over all ranks; rank r keeps block r of axis 0 (blocks as numpy.array_split cuts them)."""
         where = "reduce_scatter"
-        red = parse_op(op, where)
-        return self._run(where, value, (red.value, None), dict(op=red), self._options(
-            where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options))
+        try:
+            red = parse_op(op, where)
+            resolved = self._options(where, None, bytes_per_pack, num_packs, algorithm, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        return self._run(where, value, (red.value, None), dict(op=red), resolved)
 
     def barrier(self, *, timeout_seconds: float | None = None, options: CallOptions | None = None) -> None:
-        """Wait until every rank has called barrier (under the same deadline rules)."""
+        """Wait until every rank has called barrier (under the same deadline rules).
+
+        With ``rc.check_agreement`` the barrier is the agreement exchange itself (an allreduce
+        completes nowhere before every rank has entered it), so a rank in another collective, or
+        one whose call failed, makes it an error on every rank rather than a mismatched MPI call."""
+        where = "barrier"
         pipeline = self.pipeline
         progress.wait_idle(pipeline)
-        pipeline.check_usable("barrier")
-        resolved = self._options("barrier", None, None, None, None, timeout_seconds, options)
-        with pipeline.watched("barrier"):
+        pipeline.check_usable(where)
+        try:
+            resolved = self._options(where, None, None, None, None, timeout_seconds, options)
+        except Exception as exc:  # an argument error on this rank: on every rank (see fail)
+            self.fail(where, exc)
+        with pipeline.watched(where):
             try:
-                pipeline.caller("barrier", resolved.timeout).nonblocking(pipeline.comm, "Barrier")
+                call = pipeline.caller(where, resolved.timeout)
+                if rc.check_agreement:
+                    key = pipeline.key(where, (None, None), "*", (), "none", 0, None, resolved.timeout is not None)
+                    pipeline.agreement.check(pipeline.agreement_hash(key), call, key, where, None)
+                else:
+                    call.nonblocking(pipeline.comm, "Barrier")
             except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
-                pipeline.raise_if_lost("barrier", exc)
+                pipeline.raise_if_lost(where, exc)
                 raise
+
+    def fail(self, where: str, error: BaseException) -> NoReturn:
+        """Report that this rank's call of collective ``where`` failed with ``error`` before it
+        reached the engine (collective: call it where the collective would have been called).
+
+        This rank still takes part in that collective's agreement exchange, with a failed
+        signature, so every rank raises for this same collective and the next one works: this
+        rank ``error``, every other rank :class:`~mpidist.errors.CollectiveFailedError` naming this
+        rank and its message (also of ``error``'s type where that is a built-in or ``tf.errors``
+        class); if every rank failed, each raises its own. Always raises. Layers above the engine
+        usually use :meth:`guard` instead, which calls this only for errors that did not reach an
+        exchange. Without ``rc.check_agreement``, or on a broken engine, ``error`` is only raised.
+        """
+        pipeline = self.pipeline
+        if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
+            pipeline.pending.wait_idle()
+        pipeline.fail(where, error, Resolved.defaults().timeout)
+        raise error  # not reached: pipeline.fail raises
+
+    @contextlib.contextmanager
+    def guard(self, where: str) -> Iterator[None]:
+        """Around a layer's code for one collective ``where`` (its checks and conversions, then its
+        engine call): an exception raised before this rank reached an agreement exchange of this
+        engine is reported with :meth:`fail`, so it is an error on every rank; one raised by or
+        after an exchange (already on every rank, or after the data moved) passes unchanged.
+
+        Only the part up to the collective's first engine call is covered: a layer that makes
+        several engine calls for one collective and can fail between them guards each part."""
+        agreement = self.pipeline.agreement
+        mark = agreement.exchanges
+        try:
+            yield
+        except Exception as exc:
+            if self.pipeline.agreement is agreement and agreement.exchanges == mark:
+                self.fail(where, exc)
+            raise
 
     def close(self) -> None:
         """Free the engine's communicators (collective). The caller's communicator is untouched."""
@@ -230,6 +315,7 @@ class Engine:
         if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
             pipeline.pending.wait_idle()
         monitor = pipeline.monitor
+        mark = pipeline.agreement.exchanges
         try:
             if monitor is None:
                 return _collective(pipeline, where, value, op_root, params, options)
@@ -241,6 +327,10 @@ class Engine:
         except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError on every survivor
             pipeline.raise_if_lost(where, exc)
             raise
+        except Exception as exc:
+            if pipeline.agreement.exchanges == mark:  # failed before its exchange: on every rank
+                pipeline.fail(where, exc, options.timeout)
+            raise
 
 
 def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, params: dict, options: Resolved) -> Any:
@@ -251,7 +341,8 @@ def _collective(pipeline: Pipeline, where: str, value: Any, op_root: tuple, para
     rec = timeline.recorder()
     start = rec.now() if rec is not None else 0.0
     if type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "fiu":
-        leaves, tree, host_arrays, adapters = None, nest.LEAF, [value], None  # hot path: one array
+        leaves = host_arrays = [value]  # hot path: one array
+        tree, adapters = nest.LEAF, None
     else:
         leaves, tree = nest.flatten(value)
         if gpu.any_device(leaves):  # nests holding device arrays run in collectives/gpu

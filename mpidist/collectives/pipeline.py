@@ -17,6 +17,10 @@ fast path (fastpath.py), takes the same steps through the same public methods:
 4. :meth:`Pipeline.mark_broken`: a step that missed its deadline marks the pipeline broken
    (the :class:`~mpidist.collectives.deadline.Caller` of each call does it).
 
+A call that fails before step 3 on some rank (step 2, or a layer above the engine) goes through
+:meth:`Pipeline.fail` instead: that rank still takes part in the agreement exchange, with a failed
+signature, so the collective raises on every rank and the next one works (agreement.py).
+
 A Pipeline owns what is derived from the communicator: the :class:`~mpidist.topology.Topology`
 (the private clone, node and leader communicators), the :class:`~mpidist.collectives.agreement.Agreement`
 (hash cache, last agreed signature), the stall
@@ -36,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._config import rc
-from ..errors import CommunicatorBrokenError, RanksLostError
+from ..errors import CommunicatorBrokenError, DeadlineExceededError, RanksLostError
 from ..topology import Topology
 from . import agreement, nest, packing, stall, timeline
 from .algorithms import choose
@@ -152,6 +156,24 @@ class Pipeline:
         finally:
             monitor.leave()
 
+    def fail(self, where: str, error: BaseException, timeout: float | None = None) -> None:
+        """This rank's call of collective ``where`` failed with ``error`` before its agreement
+        exchange: take part in the exchange with a failed signature, so that every rank raises for
+        this collective (here ``error``; elsewhere CollectiveFailedError naming this rank). Always
+        raises. Where no exchange can be trusted to meet the others' (agreement switched off, the
+        pipeline broken, or ``error`` itself says the communicator is unusable) ``error`` is only
+        raised here. ``timeout``: the deadline of the exchange (None: none)."""
+        if not rc.check_agreement or self.broken is not None or isinstance(error, _UNRECOVERABLE) \
+                or not isinstance(error, Exception):
+            raise error
+        call = Caller(where, timeout, self.mark_broken)
+        with self.watched(where):
+            try:
+                self.agreement.fail(call, where, error)
+            except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
+                self.raise_if_lost(where, exc)
+                raise
+
     # -- 3. agree, run, record ---------------------------------------------------------------------
 
     def caller(self, where: str, timeout: float | None) -> Caller:
@@ -171,7 +193,8 @@ class Pipeline:
         """
         call = Caller(where, options.timeout, self.mark_broken)
         ctx = Call(where, self.topology, call, options)
-        prepared = agreed = None  # timeline marks: end of prepare, end of agreement
+        prepared: float | None = None  # timeline mark: end of prepare, when there is an agreement
+        marks: tuple[float, float | None] | None = None  # timeline marks: end of prepare, end of agreement
         exchange = None  # the agreement, posted and not yet checked, when speculating
         if rc.check_agreement:
             key = self.key(where, op_root, structure_of(tree), module.signature(arrays),
@@ -188,25 +211,28 @@ class Pipeline:
                 recipe = getattr(module, "recipe", None) if variant is None else None  # host allreduce
                 agreed_on.check(h, call, key, where, None if recipe is None else
                                 lambda: recipe(ctx, arrays, Op(op_root[0])))
-                if agreed_on.last[1] is not None:  # check the prediction against the steps run
+                last = agreed_on.last
+                if last is not None and last[1] is not None:  # check the prediction against the steps run
                     call.issued = []
         if rec is not None:
-            prepared, agreed = timeline.agreed(rec, prepared, call)
+            marks = timeline.agreed(rec, prepared, call)
         if exchange is None:
             results = run(ctx)
-            if call.issued is not None and module.issued_recipe(ctx, call.issued) != agreed_on.last[1]:
+            last = agreed_on.last if call.issued is not None else None
+            if last is not None and module.issued_recipe(ctx, call.issued) != last[1]:
                 # the data steps were not the predicted ones (every rank finds the same): never speculate
                 # on this signature, since ranks that did not could not replay them
-                agreed_on.last = (agreed_on.last[0], None)
+                agreed_on.last = (last[0], None)
         else:
             try:
                 results = run(ctx)
             except BaseException:
                 agreement.abandon(exchange, where)
                 raise
-            agreed_on.finish(exchange, call, key, where, agreed_on.last[1])
-        if rec is not None:
-            self.record(rec, where, start, prepared, agreed, call.steps, arrays, op_root, options.algorithm,
+            last = agreed_on.last
+            agreed_on.finish(exchange, call, key, where, last[1] if last is not None else None)
+        if marks is not None:
+            self.record(rec, where, start, marks[0], marks[1], call.steps, arrays, op_root, options.algorithm,
                         ctx.notes)
         return results
 
@@ -268,6 +294,9 @@ class Pipeline:
             self.topology.free()
 
 
+_UNRECOVERABLE = (CommunicatorBrokenError, RanksLostError, DeadlineExceededError)  # errors fail() only re-raises
+
+
 def _lost_classes() -> tuple[int, ...]:
     """The MPI error classes that mean a peer died (ULFM); empty where the library lacks them."""
     return tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
@@ -281,6 +310,8 @@ def structure_of(tree: Any) -> str:
 
 def _describe(key: tuple) -> str:
     where, (op, root), structure, leaves, alg, threshold, bpp, npk, deadline, compression, posted_from = key
+    if where == "barrier":
+        return f"barrier({'with a deadline' if deadline else 'no deadline'})"
     parts = []
     if op is not None:
         parts.append(f"op={Op(op).name}")

@@ -45,14 +45,25 @@ def test_grouped_allreduce_gradient(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_allgather_gradient_is_my_rows_of_the_summed_gradient(mode):
+def test_allgather_gradient_is_my_rows_of_the_averaged_gradient(mode):
+    """Horovod 0.28.1 averages the upstream gradients over the ranks (it summed before)."""
     n, me = hvd.size(), hvd.rank()
     rows = [r + 1 for r in range(n)]
     x = data(me, (rows[me], 2))
     g = gradient(mode, hvd.allgather, x, upstream_of(me))
     total = sum(upstream_np(r, (sum(rows), 2)) for r in range(n))
     start = sum(rows[:me])
-    np.testing.assert_allclose(g, total[start:start + rows[me]])
+    np.testing.assert_allclose(g, total[start:start + rows[me]] / n, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allgather_gradient_of_the_same_upstream_is_that_upstream(mode):
+    """Every rank passing the same upstream gradient gets back its own rows of it, unscaled."""
+    n, me = hvd.size(), hvd.rank()
+    rows = [r % 3 + 1 for r in range(n)]
+    g = gradient(mode, lambda t: hvd.grouped_allgather([t, 2 * t])[1], data(me, (rows[me], 3)), upstream_of(0))
+    start = sum(rows[:me])
+    np.testing.assert_allclose(g, 2 * upstream_np(0, (sum(rows), 3))[start:start + rows[me]], rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -60,8 +71,8 @@ def test_broadcast_gradient_goes_to_the_root(mode):
     n, me = hvd.size(), hvd.rank()
     root = n - 1
     g = gradient(mode, lambda t: hvd.broadcast(t, root), data(me, (3,)), upstream_of(me))
-    want = sum(upstream_np(r, (3,)) for r in range(n)) if me == root else np.zeros(3)
-    np.testing.assert_allclose(g, want)
+    want = sum(upstream_np(r, (3,)) for r in range(n)) / n if me == root else np.zeros(3)  # averaged
+    np.testing.assert_allclose(g, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -82,12 +93,14 @@ def test_alltoall_gradient_is_alltoall_back(mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["Sum", "Average"])
 def test_reducescatter_gradient_is_allgather_of_gradient(mode, op):
+    """Horovod's convention, as for allreduce: Sum's gradient is ``size`` times Average's, which is
+    the allgather of the upstream gradients."""
     n, me = hvd.size(), hvd.rank()
     rows = 2 * n + 1
     g = gradient(mode, lambda t: hvd.reducescatter(t, op=op), data(me, (rows, 2)), upstream_of(me))
     blocks = [len(b) for b in np.array_split(np.arange(rows), n)]
     want = np.concatenate([upstream_np(r, (blocks[r], 2)) for r in range(n)])
-    np.testing.assert_allclose(g, want / (n if op == hvd.Average else 1), rtol=1e-6)
+    np.testing.assert_allclose(g, want * (n if op == hvd.Sum else 1), rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])

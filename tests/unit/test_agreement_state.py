@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist.collectives.agreement import Agreement
-from mpidist.errors import CollectiveMismatchError
+from mpidist.collectives.agreement import FAILED, Agreement, Failed
+from mpidist.errors import CollectiveFailedError, CollectiveMismatchError
 
 
 class _Done:
@@ -120,3 +120,73 @@ def test_a_drain_without_the_recipe_is_a_clear_error_not_a_hang():
     comm.others = [triple(7, True)]
     with pytest.raises(CollectiveMismatchError, match="cannot be recovered"):
         agreed.check(8, None, ("k",), "allreduce", None)
+
+
+# -- a rank whose call failed before its exchange (Agreement.fail) -------------------------------------
+
+class _Peers(ScriptedComm):
+    """The description exchange answers with ``gathered`` for the other rank."""
+
+    def __init__(self, gathered) -> None:
+        super().__init__()
+        self.gathered = gathered
+
+    def allgather(self, mine):
+        self.calls.append(("allgather", mine))
+        return [mine, self.gathered]
+
+
+def make_peers(gathered, last=None):
+    comm = _Peers(gathered)
+    agreed = Agreement(comm, describe=lambda key: f"described {key}")  # type: ignore[arg-type]
+    agreed.last = last
+    return comm, agreed
+
+
+def test_a_failing_rank_sends_the_failed_signature_and_raises_its_own_error():
+    comm, agreed = make_peers("allreduce(op=SUM, ...)", last=(7, RECIPE))
+    comm.others = [triple(7, False)]
+    error = TypeError("allreduce: leaf 0 cannot be converted")
+    with pytest.raises(TypeError) as info:
+        agreed.fail(None, "allreduce", error)
+    assert info.value is error and agreed.exchanges == 1 and agreed.last is None
+    sent = comm.calls[-1][1]
+    assert isinstance(sent, Failed) and sent.message == str(error) and sent.types[0] == ("builtins", "TypeError")
+    assert [c[0] for c in comm.calls] == ["exchange", "allgather"]  # nobody speculated: no drain
+
+
+def test_a_failing_rank_drains_the_calls_of_ranks_that_speculated():
+    comm, agreed = make_peers("allreduce(...)", last=(7, RECIPE))
+    comm.others = [triple(7, True)]
+    with pytest.raises(ValueError):
+        agreed.fail(None, "allreduce", ValueError("bad op"))
+    assert [c[0] for c in comm.calls] == ["exchange", "Allreduce", "Iallreduce", "allgather"]
+
+
+def test_when_every_rank_failed_each_raises_its_own_without_a_description_exchange():
+    comm, agreed = make_peers(None, last=(7, RECIPE))
+    comm.others = [triple(FAILED, False)]
+    with pytest.raises(KeyError):
+        agreed.fail(None, "broadcast", KeyError("root"))
+    assert comm.calls == [("exchange",)] and agreed.last is None
+
+
+def test_the_other_ranks_raise_an_error_naming_the_failing_rank_of_its_type():
+    failed = Failed(ValueError("alltoall: `splits` must sum to 5"))
+    comm, agreed = make_peers(failed, last=(7, RECIPE))
+    comm.others = [triple(FAILED, False)]
+    with pytest.raises(CollectiveFailedError) as info:
+        agreed.check(7, None, ("k",), "alltoall", None)
+    error = info.value
+    assert isinstance(error, ValueError) and error.rank == 1 and error.where == "alltoall"
+    assert "rank 1 failed before the collective" in str(error) and "ValueError: alltoall: `splits`" in str(error)
+    assert agreed.last is None  # the same outcome as on the failing rank
+
+
+def test_the_fast_path_counts_its_exchanges():
+    comm, agreed = make(last=(7, RECIPE))
+    comm.others = [triple(7, True)]
+    run = agreed.bind(7, ("k",), "allreduce", RECIPE, lambda x: "result")
+    run(None)
+    run(None)
+    assert agreed.exchanges == 2

@@ -35,3 +35,29 @@ def test_with_tensorflow_imported_tf_except_clause_catches_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "caught"
+
+
+def test_a_peer_failure_is_of_the_failing_rank_s_builtin_type():
+    error = errors.peer_failure("broadcast", [(2, errors.failure_types(KeyError("root")), "'root'")])
+    assert isinstance(error, errors.CollectiveFailedError) and isinstance(error, KeyError)
+    assert error.rank == 2 and error.failures == [(2, "KeyError", "'root'")]
+    assert str(error).startswith("broadcast: rank 2 failed before the collective's data moved")
+    # types that cannot be combined (OSError's lay-out, a class of the program) leave the plain class
+    for other in (FileNotFoundError("x"), type("Custom", (Exception,), {})("x")):
+        plain = errors.peer_failure("allreduce", [(0, errors.failure_types(other), "x")])
+        assert type(plain) is errors.CollectiveFailedError
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
+def test_a_peer_failure_of_a_tf_error_is_that_tf_error():
+    code = (
+        "import tensorflow as tf\n"
+        "from mpidist import errors\n"
+        "mine = tf.errors.FailedPreconditionError(None, None, 'mismatch')\n"
+        "e = errors.peer_failure('allgather', [(1, errors.failure_types(mine), 'mismatch')])\n"
+        "assert isinstance(e, tf.errors.FailedPreconditionError) and isinstance(e, errors.CollectiveFailedError)\n"
+        "assert e.error_code == tf.errors.FAILED_PRECONDITION and 'rank 1' in e.message\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok"

@@ -3,22 +3,53 @@
 Pure Python on mpidist's engine; launch with mpirun/srun as before. This module only re-exports.
 See docs/horovod.md for what is supported and how it differs.
 """
-from .basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-                     stop_timeline)
-from .ops_tensors import (cross_rank_op, cross_size_op, local_rank_op, local_size_op, process_set_included_op,
-                          rank_op, size_op)
-from .reduce_ops import Adasum, Average, Max, Min, Product, Sum, handle_average_backwards_compatibility
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from . import elastic, keras_spellings, util
 from .allreduce import allreduce, grouped_allreduce
+from .basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .gather import allgather, alltoall, broadcast, grouped_allgather
+from .objects import allgather_object, broadcast_object, broadcast_object_fn
+from .ops_tensors import (
+    cross_rank_op,
+    cross_size_op,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
+from .optimizer import DistributedOptimizer
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reduce_ops import Adasum, Average, Max, Min, Product, Sum, handle_average_backwards_compatibility
 from .reducescatter import grouped_reducescatter, reducescatter
 from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_variables, join
-from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
-from .optimizer import DistributedOptimizer
+from .util import executing_eagerly as _executing_eagerly  # noqa: F401 -- Horovod's tests call hvd._executing_eagerly()
+
+keras_spellings.install()
 
 
 def __getattr__(name: str) -> object:
@@ -42,4 +73,5 @@ __all__ = [
     "broadcast_",
     "broadcast_object", "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
+    "elastic", "util",
 ]

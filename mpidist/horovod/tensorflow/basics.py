@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from ..._config import rc
 from ...collectives import Engine
-from . import environment, process_sets
+from . import environment, keras_spellings, process_sets
 
 _log = logging.getLogger("mpidist")
 _engine: Engine | None = None
@@ -42,6 +42,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if base is not comm:
         base.Free()
     process_sets_mod.register_global(_engine)
+    keras_spellings.install()  # Keras may have been loaded after mpidist.horovod
     if process_sets not in (None, "dynamic"):
         for ps in process_sets:
             process_sets_mod.add_process_set(ps)
@@ -132,7 +133,7 @@ def nccl_built() -> int:
     """mpidist reaches NCCL through CuPy when it is installed (0: not available)."""
     try:
         from cupy.cuda import nccl  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means no NCCL
+    except Exception:  # any import failure means no NCCL
         return 0
     return 1
 

@@ -1,13 +1,22 @@
 """allgather, grouped_allgather, broadcast and alltoall, with Horovod's gradients.
 
 - allgather: rank order along the first dimension, which may differ per rank. Gradient: the
-  Sum-allreduce of the incoming gradient, of which this rank keeps its own rows.
-- broadcast: the root's tensor. Gradient: the Sum-allreduce of the incoming gradient at the root,
-  zeros elsewhere.
-- alltoall(tensor, splits): rank r receives rows ``splits[r]`` of every rank's tensor; returns
-  ``(tensor, received_splits)``. Gradient: the alltoall of the incoming gradient with the received
+  Average-allreduce of the incoming gradient, of which this rank keeps its own rows (Horovod 0.28.1
+  averages: with the same upstream gradient on every rank, each rank gets its rows of it).
+- broadcast: the root's tensor. Gradient: the Average-allreduce of the incoming gradient at the
+  root, zeros elsewhere (Horovod 0.28.1).
+- alltoall(tensor, splits): rank j receives the ``splits[j]`` consecutive rows of every rank's
+  tensor meant for it (rows past ``sum(splits)`` are not sent); returns ``(tensor,
+  received_splits)``, or only the tensor when ``splits`` is None (the first dimension then cut in
+  equal parts). Bad splits (not one non-negative entry per rank, or summing to more rows than the
+  tensor has) and a first dimension that does not divide by the set's size are InvalidArgumentError,
+  as in Horovod, on every rank. Gradient: the alltoall of the incoming gradient with the received
   splits. The splits and row layout go through one engine allgather (agreement check, stall
-  report), the rows through one MPI Alltoallv on the engine's communicator.
+  report; different dtypes or trailing shapes are FailedPreconditionError on every rank), the rows
+  through one MPI Alltoallv on the engine's communicator.
+
+Every function runs under the process set's engine guard (runner.guard): an error on one rank
+before its engine call is an error on every rank, and the next collective matches.
 """
 from __future__ import annotations
 
@@ -19,11 +28,10 @@ import tensorflow as tf
 from mpi4py import MPI
 
 from ...errors import CollectiveMismatchError
-
 from . import joins, runner
-from .raw import raw_allreduce, wire
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import Sum
+from .raw import raw_allreduce, wire
+from .reduce_ops import Average
 
 
 def _ragged(shape: tf.TensorShape) -> tf.TensorShape | None:
@@ -47,10 +55,10 @@ def raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) ->
             if x.shape.rank == 0:
                 raise ValueError(f"allgather: expected a tensor of at least one dimension, got a scalar "
                                  f"({x.dtype.name}); reshape it to [1]")
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [_ragged(x.shape) for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [_ragged(x.shape) for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            summed = raw_allreduce(list(dys), Sum, process_set, name + "_grad")
+            summed = raw_allreduce(list(dys), Average, process_set, name + "_grad")
             rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
             everyone = tf.reshape(raw_allgather([rows], process_set, name + "_grad_rows")[0],
                                   [process_set.size(), len(xs)])
@@ -67,24 +75,31 @@ def raw_allgather(tensors: Sequence[Any], process_set: ProcessSet, name: str) ->
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
-    return raw_allgather([tensor], process_set, runner.scope_name(name, "HorovodAllgather"))[0]
+    with runner.guard(process_set, "allgather"):
+        return raw_allgather([tensor], process_set, runner.scope_name(name, "HorovodAllgather"))[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """allgather of every tensor in one engine call."""
-    tensors = list(tensors)
-    if not tensors:
-        return []
-    return raw_allgather(tensors, process_set, runner.scope_name(name, "HorovodGroupedAllgather"))
+    with runner.guard(process_set, "allgather"):
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        return raw_allgather(tensors, process_set, runner.scope_name(name, "HorovodGroupedAllgather"))
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """``root_rank``'s tensor on every rank of the process set."""
     where = "broadcast"
+    with runner.guard(process_set, where):
+        return _broadcast(tensor, root_rank, process_set, runner.scope_name(name, "HorovodBroadcast"))
+
+
+def _broadcast(tensor: Any, root_rank: int, process_set: ProcessSet, name: str) -> tf.Tensor:
+    where = "broadcast"
     engine = process_set.require_engine(where)
-    name = runner.scope_name(name, "HorovodBroadcast")
     wired, dtype = wire(tensor)
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -93,10 +108,10 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
     @tf.custom_gradient
     def bcast(x: tf.Tensor) -> Any:
-        out = runner.execute(name, run, [x], [x.dtype], [x.shape], where)[0]
+        out = runner.execute(name, run, [x], [x.dtype], [x.shape], where, engine)[0]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            summed = raw_allreduce([dy], Sum, process_set, name + "_grad")[0]
+            summed = raw_allreduce([dy], Average, process_set, name + "_grad")[0]
             if engine.rank == root_rank:
                 return summed
             with tf.control_dependencies([summed]):  # a v1 graph must still run the allreduce here
@@ -107,19 +122,31 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     return tf.cast(out, dtype) if out.dtype != dtype else out
 
 
+def _invalid(message: str) -> tf.errors.InvalidArgumentError:
+    return tf.errors.InvalidArgumentError(None, None, message)
+
+
+def _check_splits(splits: np.ndarray, rows: int, size: int) -> None:
+    """Horovod's rules for ``splits`` (InvalidArgumentError, raised on this rank before the engine
+    call: the guard makes it an error on every rank)."""
+    if splits.size != size:
+        raise _invalid(f"alltoall: `splits` must have one entry per rank of the process set ({size}), "
+                       f"got {splits.size}: {splits.tolist()}")
+    if (splits < 0).any():
+        raise _invalid(f"alltoall: `splits` entries must be >= 0, got {splits.tolist()}")
+    if int(splits.sum()) > rows:
+        raise _invalid(f"alltoall: the sum of `splits` ({int(splits.sum())}) is greater than the first "
+                       f"dimension of `tensor` ({rows})")
+
+
 def _exchange_rows(engine: Any, data: np.ndarray, mine: np.ndarray) -> list[np.ndarray]:
     """One MPI Alltoallv of ``data``'s rows, after an engine allgather of every rank's splits and row
-    layout (agreement-checked and stall-watched): bad splits or a layout that differs from rank 0's
-    are an error on every rank."""
+    layout (agreement-checked and stall-watched): a layout that differs from rank 0's is an error on
+    every rank."""
     size, me = engine.size, engine.rank
-    ok = mine.size == size and not (mine < 0).any() and mine.sum() == data.shape[0]
-    layout = zlib.crc32(f"{data.dtype.str}{data.shape[1:]}".encode()) if ok else -1
-    row_of = np.concatenate([mine if ok else np.zeros(size, np.int64), [layout]]).reshape(1, size + 1)
+    layout = zlib.crc32(f"{data.dtype.str}{data.shape[1:]}".encode())
+    row_of = np.concatenate([mine, [layout]]).reshape(1, size + 1)
     table = np.asarray(engine.allgather(row_of.astype(np.int64)))
-    if (table[:, size] == -1).any():
-        raise ValueError(f"alltoall: `splits` must be {size} non-negative integers summing to the first "
-                         f"dimension of `tensor` on every rank; ranks {np.flatnonzero(table[:, size] == -1).tolist()} "
-                         f"gave others (this rank: {mine.tolist()} for {data.shape[0]} rows)")
     if (table[:, size] != table[0, size]).any():
         raise CollectiveMismatchError(
             f"alltoall: every rank must send the same dtype and trailing shape; ranks "
@@ -128,7 +155,7 @@ def _exchange_rows(engine: Any, data: np.ndarray, mine: np.ndarray) -> list[np.n
     received = table[:size, me]  # rows rank r sends to this rank
     row = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
     out = np.empty((int(received.sum()),) + data.shape[1:], data.dtype)
-    send = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    send = np.ascontiguousarray(data[:int(mine.sum())]).reshape(-1).view(np.uint8)
     recv = out.reshape(-1).view(np.uint8)
     counts = [(mine * row).tolist(), (received * row).tolist()]
     displs = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64).tolist() for c in counts]
@@ -137,45 +164,60 @@ def _exchange_rows(engine: Any, data: np.ndarray, mine: np.ndarray) -> list[np.n
     return [out, received.astype(np.int32)]
 
 
-def _raw_alltoall(x: tf.Tensor, splits: tf.Tensor, process_set: ProcessSet, name: str) -> tuple:
+def _raw_alltoall(x: tf.Tensor, splits: tf.Tensor | None, process_set: ProcessSet, name: str) -> tuple:
+    """(received rows, received splits); ``splits`` None: equal parts of the first dimension."""
     where = "alltoall"
     engine = process_set.require_engine(where)
     size = engine.size
+    inputs = [x] if splits is None else [x, splits]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        data, mine = arrays
-        mine = np.asarray(mine, dtype=np.int64).reshape(-1)
+        data = arrays[0]
+        if data.ndim == 0:
+            raise _invalid("alltoall: expected a tensor of at least one dimension, got a scalar")
+        if len(arrays) == 1:
+            if data.shape[0] % size:
+                raise _invalid(f"alltoall: the first dimension of `tensor` ({data.shape[0]}) must be divisible by "
+                               f"the number of ranks ({size}) when `splits` is not given")
+            mine = np.full(size, data.shape[0] // size, np.int64)
+        else:
+            mine = np.asarray(arrays[1], dtype=np.int64).reshape(-1)
+            _check_splits(mine, data.shape[0], size)
         return joins.collective(engine, where, lambda: _exchange_rows(engine, data, mine))
 
     @tf.custom_gradient
-    def a2a(t: tf.Tensor, s: tf.Tensor) -> Any:
-        out, received = runner.execute(name, run, [t, s], [t.dtype, tf.int32], [_ragged(t.shape), [size]], where)
+    def a2a(t: tf.Tensor, *s: tf.Tensor) -> Any:
+        out, received = runner.execute(name, run, [t, *s], [t.dtype, tf.int32], [_ragged(t.shape), [size]], where,
+                                       engine)
 
         def grad(dy: tf.Tensor, dsplits: Any = None) -> list[Any]:
             back, _ = _raw_alltoall(dy, received, process_set, name + "_grad")
-            return [back, None]
+            return [back] + [None] * len(s)
         return (out, received), grad
 
-    return a2a(x, splits)
+    return a2a(*inputs)
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
-             process_set: ProcessSet = global_process_set) -> tuple[tf.Tensor, tf.Tensor]:
-    """Send ``splits[j]`` consecutive rows of ``tensor`` to rank j; returns ``(received, received_splits)``.
-
-    Without ``splits`` the first dimension is cut into equal parts (it must divide by the set's size).
-    """
-    engine = process_set.require_engine("alltoall")
-    name = runner.scope_name(name, "HorovodAlltoall")
-    wired, dtype = wire(tensor)
-    if wired.shape.rank == 0:
-        raise ValueError("alltoall: expected a tensor of at least one dimension, got a scalar")
-    if splits is None:
-        rows = wired.shape[0]
-        if rows is not None and rows % engine.size:
-            raise ValueError(f"alltoall: the first dimension of `tensor` ({rows}) must be divisible by "
-                             f"the number of ranks ({engine.size}) when `splits` is not given")
-        splits = tf.fill([engine.size], tf.shape(wired, out_type=tf.int32)[0] // engine.size)
-    splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    out, received = _raw_alltoall(wired, splits, process_set, name)
-    return (tf.cast(out, dtype) if out.dtype != dtype else out), received
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send ``splits[j]`` consecutive rows of ``tensor`` to rank j; returns ``(received,
+    received_splits)``, or only ``received`` when ``splits`` is None (then the first dimension is
+    cut into equal parts, and must divide by the set's size)."""
+    where = "alltoall"
+    with runner.guard(process_set, where):
+        engine = process_set.require_engine(where)
+        name = runner.scope_name(name, "HorovodAlltoall")
+        wired, dtype = wire(tensor)
+        if wired.shape.rank == 0:
+            raise _invalid("alltoall: expected a tensor of at least one dimension, got a scalar")
+        if splits is None:
+            rows = wired.shape[0]
+            if rows is not None and rows % engine.size:
+                raise _invalid(f"alltoall: the first dimension of `tensor` ({rows}) must be divisible by "
+                               f"the number of ranks ({engine.size}) when `splits` is not given")
+            given = None
+        else:
+            given = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+        out, received = _raw_alltoall(wired, given, process_set, name)
+        out = tf.cast(out, dtype) if out.dtype != dtype else out
+        return out if splits is None else (out, received)

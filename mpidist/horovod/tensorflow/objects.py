@@ -16,9 +16,9 @@ from . import joins
 from .process_sets import ProcessSet, global_process_set
 
 try:
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler  # type: ignore[import-untyped]  # no type information shipped
 except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle  # type: ignore[assignment]
+    _pickler = pickle
 
 
 def _dumps(obj: Any) -> np.ndarray:
@@ -31,8 +31,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
                      process_set: ProcessSet = global_process_set) -> Any:
     """``root_rank``'s ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
     engine = process_set.require_engine("broadcast_object")
-    joins.admit(engine, "broadcast_object")
-    data = joins.broadcast_bytes(engine, _dumps(obj) if engine.rank == root_rank else None, root_rank)
+    with engine.guard("broadcast_object"):  # a pickling error on the root: an error on every rank
+        mine = _dumps(obj) if engine.rank == root_rank else None
+        joins.admit(engine, "broadcast_object")
+    data = joins.broadcast_bytes(engine, mine, root_rank)
     if engine.rank == root_rank:
         return obj
     return pickle.loads(data.tobytes())
@@ -50,8 +52,9 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every rank's ``obj``, as a list in rank order."""
     engine = process_set.require_engine("allgather_object")
-    joins.admit(engine, "allgather_object")
-    data = _dumps(obj)
+    with engine.guard("allgather_object"):  # a pickling error on one rank: an error on every rank
+        data = _dumps(obj)
+        joins.admit(engine, "allgather_object")
     sizes = engine.allgather(np.array([data.size], np.int64))
     gathered = np.asarray(engine.allgather(data))
     out, at = [], 0

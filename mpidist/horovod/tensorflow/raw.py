@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ...collectives.ops import finish_mean
 from . import joins, runner
 from .process_sets import ProcessSet
 from .reduce_ops import engine_op
@@ -22,21 +23,44 @@ def wire(tensor: Any) -> tuple[tf.Tensor, tf.DType]:
     return (tf.cast(t, tf.float32) if t.dtype == tf.bfloat16 else t), t.dtype
 
 
-def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
-    """The reduction itself (one engine call), differentiable."""
+def _mean(summed: np.ndarray, size: int) -> np.ndarray:
+    """Average from a Sum, as Horovod computes it on CPU: float16 is summed (and rounded) in
+    float16, then divided in float32 and rounded again (the engine's float16 MEAN divides the
+    float32 sum and rounds once, which differs in the last bit where ``size`` is not a power of 2)."""
+    if summed.dtype == np.float16:
+        return (summed.astype(np.float32) / np.float32(size)).astype(np.float16)
+    out = np.array(summed)
+    finish_mean(out, size)
+    return out
+
+
+def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name: str,
+                  exact_average: bool = False) -> list[tf.Tensor]:
+    """The reduction itself (one engine call), differentiable.
+
+    Average, three ways (they differ only in the last bit, where the set's size is not a power of
+    2): by default as Horovod's ``allreduce`` on CPU, the Sum in the tensor's dtype divided by the
+    size (the engine's MEAN, except that float16 is rounded to float16 before the division);
+    ``exact_average`` (``grouped_allreduce``): float32 is reduced in float64 and float16 in float32
+    and rounded once, so the average of equal values is exactly that value, as Horovod's tests of
+    grouped_allreduce expect at any size. The gradient path (tape, optimizers) takes the default."""
     where = "allreduce"
     engine = process_set.require_engine(where)
     red = engine_op(op, where)
     wired = [wire(t) for t in tensors]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out = joins.allreduce(engine, arrays[0] if len(arrays) == 1 else arrays, red)
+        exact = exact_average and red == "mean" and any(a.dtype == np.float32 for a in arrays)
+        half_mean = not exact_average and red == "mean" and any(a.dtype == np.float16 for a in arrays)
+        sent = [a.astype(np.float64) if a.dtype == np.float32 else a for a in arrays] if exact else arrays
+        out = joins.allreduce(engine, sent[0] if len(sent) == 1 else sent, "sum" if half_mean else red)
         out = [out] if len(arrays) == 1 else list(out)
-        return [np.asarray(r).reshape(a.shape) for r, a in zip(out, arrays)]
+        out = [np.asarray(r).reshape(a.shape).astype(a.dtype, copy=False) for r, a in zip(out, arrays)]
+        return [_mean(r, engine.size) for r in out] if half_mean else out
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [x.shape for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             return raw_allreduce(list(dys), op, process_set, name + "_grad")

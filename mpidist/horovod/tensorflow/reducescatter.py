@@ -2,7 +2,9 @@
 
 The first dimension is cut into one block per rank, the first ``n % size`` ranks getting one row
 more (as Horovod does); rank r keeps the reduction of block r. Ops: Average (the default) and Sum.
-Gradient: the allgather of the incoming gradient (divided by the set's size for Average);
+Gradient: the allgather of the incoming gradient, times the set's size for Sum (Horovod's
+convention, as for allreduce: with the same upstream gradient on every rank, Sum's gradient is
+``size`` times Average's);
 ``prescale_factor``/``postscale_factor`` are TensorFlow multiplications around it.
 """
 from __future__ import annotations
@@ -14,10 +16,10 @@ import tensorflow as tf
 
 from . import joins, runner
 from .allreduce import scale
-from .raw import wire
 from .compression import Compression
 from .gather import raw_allgather
 from .process_sets import ProcessSet, global_process_set
+from .raw import wire
 from .reduce_ops import Average, Sum, engine_op, name_of
 
 
@@ -50,12 +52,12 @@ def _raw(tensors: Sequence[tf.Tensor], op: int, process_set: ProcessSet, name: s
         for x in xs:
             if x.shape.rank == 0:
                 raise ValueError("reducescatter: expected a tensor of at least one dimension, got a scalar")
-        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [shape(x.shape) for x in xs], where)
+        outs = runner.execute(name, run, xs, [x.dtype for x in xs], [shape(x.shape) for x in xs], where, engine)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             full = raw_allgather(list(dys), process_set, name + "_grad")
-            if op == Average:
-                full = [f / tf.cast(engine.size, f.dtype) for f in full]
+            if op == Sum:
+                full = [f * tf.cast(engine.size, f.dtype) for f in full]
             return full
         return outs, grad
 
@@ -68,8 +70,13 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """reducescatter of every tensor in one engine call."""
-    op = Average if op is None else op
-    tensors = list(tensors)
+    with runner.guard(process_set, "reducescatter"):
+        return _grouped(list(tensors), compression, Average if op is None else op, name, process_set,
+                        prescale_factor, postscale_factor)
+
+
+def _grouped(tensors: list[Any], compression: Any, op: Any, name: str | None, process_set: ProcessSet,
+             prescale_factor: float, postscale_factor: float) -> list[tf.Tensor]:
     if not tensors:
         return []
     wired, ctxs, dtypes = [], [], []

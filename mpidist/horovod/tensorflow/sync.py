@@ -7,11 +7,11 @@ import numpy as np
 import tensorflow as tf
 
 from . import joins, runner
-from .raw import wire
 from .process_sets import ProcessSet, global_process_set
+from .raw import wire
 
 
-def barrier(process_set: ProcessSet = global_process_set) -> None:
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """Wait until every rank of the process set has called barrier."""
     engine = process_set.require_engine("barrier")
 
@@ -19,7 +19,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
         joins.collective(engine, "barrier", engine.barrier)
         return [arrays[0]]
 
-    out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier")
+    out = runner.execute("HorovodBarrier", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "barrier",
+                         engine)
     return None if tf.executing_eagerly() else out[0].op
 
 
@@ -34,7 +35,8 @@ def join(device: str = "", process_set: ProcessSet = global_process_set) -> tf.T
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(joins.join(engine), np.int32).reshape(())]
 
-    return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join")[0]
+    return runner.execute("HorovodJoin", run, [tf.constant(0, tf.int32)], [tf.int32], [[]], "join",
+                          engine)[0]
 
 
 def _grouped_broadcast(tensors: Sequence[Any], root_rank: int, process_set: ProcessSet, name: str) -> list[tf.Tensor]:
@@ -48,7 +50,7 @@ def _grouped_broadcast(tensors: Sequence[Any], root_rank: int, process_set: Proc
         return [np.asarray(o).reshape(a.shape) for o, a in zip(out, arrays)]
 
     outs = runner.execute(name, run, [w for w, _ in wired], [w.dtype for w, _ in wired],
-                          [w.shape for w, _ in wired], where)
+                          [w.shape for w, _ in wired], where, engine)
     return [tf.cast(o, d) if o.dtype != d else o for o, (_, d) in zip(outs, wired)]
 
 
@@ -60,7 +62,9 @@ def broadcast_(variables: Any, root_rank: int, name: str | None = None,
     variables = [variables] if single else list(variables)
     if not variables:
         return []
-    values = _grouped_broadcast(variables, root_rank, process_set, runner.scope_name(name, "HorovodBroadcastInplace"))
+    with runner.guard(process_set, "broadcast"):
+        values = _grouped_broadcast(variables, root_rank, process_set,
+                                    runner.scope_name(name, "HorovodBroadcastInplace"))
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         out = [tf.convert_to_tensor(v) for v in variables]
@@ -80,7 +84,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = _grouped_broadcast(variables, root_rank, process_set, "HorovodBroadcastVariables")
+    with runner.guard(process_set, "broadcast"):
+        values = _grouped_broadcast(variables, root_rank, process_set, "HorovodBroadcastVariables")
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         return None

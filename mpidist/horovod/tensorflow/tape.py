@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from .allreduce import grouped_allreduce
+from .allreduce import grouped
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average
@@ -52,8 +52,8 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None, *, o
     prescale, postscale = 1.0, 1.0
     if op == Average and gradient_predivide_factor != 1.0:
         prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    local = set(local)
-    todo = [i for i, g in enumerate(grads) if g is not None and i not in local]
+    local_set = set(local)
+    todo = [i for i, g in enumerate(grads) if g is not None and i not in local_set]
     if groups is not None and variables is not None:
         ids = {id(v): k for k, group in enumerate(groups) for v in group}
         buckets: dict[int, list[int]] = {}
@@ -70,14 +70,13 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any] | None, *, o
     for b, batch in enumerate(batches):
         if not batch:
             continue
-        reduced = grouped_allreduce([grads[i] for i in batch], op=op, compression=compression,
-                                    prescale_factor=prescale, postscale_factor=postscale,
-                                    name=f"{name}_{b}", process_set=process_set)
+        reduced = grouped([grads[i] for i in batch], op=op, compression=compression, prescale_factor=prescale,
+                          postscale_factor=postscale, name=f"{name}_{b}", process_set=process_set)
         for i, r in zip(batch, reduced):
             out[i] = r
-    if scale_local_gradients and local:
+    if scale_local_gradients and local_set:
         size = process_set.require_engine(name).size
-        for i in local:
+        for i in sorted(local_set):
             if out[i] is not None and size > 1:
                 g = out[i]
                 out[i] = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape) \
@@ -99,18 +98,32 @@ def local_variable_ids(local_layers: Any, where: str) -> set[int]:
 class _DistributedTapeMixin:
     """The ``gradient`` override; the rest is the wrapped tape's class."""
 
+    hvd_args: dict[str, Any]  # reduce_gradients' settings (DistributedGradientTape sets them)
+    hvd_local: set[int]  # ids of the sources whose gradients stay on this rank
+
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)  # type: ignore[misc]
         flat_sources = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        local = [i for i, v in enumerate(flat_sources) if id(v) in self.hvd_local]  # type: ignore[attr-defined]
-        reduced = reduce_gradients(flat, flat_sources, local=local, **self.hvd_args)  # type: ignore[attr-defined]
+        local = [i for i, v in enumerate(flat_sources) if id(v) in self.hvd_local]
+        reduced = reduce_gradients(flat, flat_sources, local=local, **self.hvd_args)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None) -> tuple:
+        """``gradient()``'s results split into two lists of ``(variable, gradient)``: the local
+        sources' (left on this rank) and the others' (allreduced), in the order of ``sources``."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients))
+        local: list[tuple[Any, Any]] = []
+        others: list[tuple[Any, Any]] = []
+        for variable, grad in zip(flat_sources, grads):
+            (local if id(variable) in self.hvd_local else others).append((variable, grad))
+        return local, others
 
     def register_local_source(self, source: Any) -> None:
         """Leave the gradient of ``source`` (a variable) on this rank (Horovod's tape method)."""
-        self.hvd_local.add(id(source))  # type: ignore[attr-defined]
+        self.hvd_local.add(id(source))
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -121,7 +134,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     """A tape whose ``gradient()`` returns gradients allreduced over ``process_set``."""
     check_reduce_args(op, gradient_predivide_factor, num_groups, groups, "DistributedGradientTape")
     process_set.require_engine("DistributedGradientTape")
-    cls = type(gradtape.__class__.__name__, (_DistributedTapeMixin, gradtape.__class__), {})
+    cls: Any = type(gradtape.__class__.__name__, (_DistributedTapeMixin, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recording: tapes keep their state in attributes
     tape.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
@@ -143,5 +156,5 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients=scale_local_gradients)
-    tape.hvd_local = local  # type: ignore[attr-defined]
+    tape.hvd_local = local
     return tape

@@ -2,7 +2,7 @@
 
 Horovod's elastic mode needs ``horovodrun --elastic``, which adds and removes workers and
 restarts ``run``'s function on the new set. An mpidist Horovod job is an ``mpirun``/``srun`` job of
-fixed size, so here:
+fixed size, so here (the states and ``run`` are the TensorFlow module's, tensorflow/elastic.py):
 
 - ``KerasState(model, optimizer=None, **kwargs)`` (and ``TensorFlowKerasState``) behave as
   Horovod's: ``sync()`` broadcasts rank 0's model and optimizer variables and its committed
@@ -17,87 +17,12 @@ fixed size, so here:
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
-
-import tensorflow as tf
+from typing import Any
 
 from ....keras import flavor
-from ..objects import broadcast_object
-from ..sync import broadcast_variables
+from ..elastic import TensorFlowKerasState, run
 
 keras: Any = flavor.user_keras()
-
-
-class TensorFlowKerasState:
-    """State of a Keras model and optimizer plus attributes given as keyword arguments (Horovod's)."""
-
-    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
-        if not getattr(model, "built", True):
-            raise ValueError("TensorFlowKerasState: the model must be built first; run `model.build(input_shape)`")
-        self.model = model
-        self.optimizer = optimizer if optimizer is not None else model.optimizer
-        self.backend = backend
-        self._reset_callbacks: list[Callable[[], None]] = []
-        self._saved_state = dict(kwargs)
-        self._set_attrs()
-        self._save_model()
-
-    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Functions to call after a reset (kept for Horovod's API; a fixed-size job never resets)."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def reset(self) -> None:
-        """Reset objects after a reset event (Horovod's hook; nothing to do here)."""
-
-    def commit(self) -> None:
-        """Keep the current state in this process's memory (the point ``restore`` goes back to)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Never interrupts: the hosts of an mpirun/srun job do not change."""
-
-    def save(self) -> None:
-        self._save_model()
-        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
-
-    def restore(self) -> None:
-        """Go back to the last ``save``/``commit`` (or ``sync``)."""
-        self._load_model()
-        self._set_attrs()
-
-    def sync(self) -> None:
-        """Every rank gets rank 0's model and optimizer variables and committed attributes (collective)."""
-        broadcast_variables(self.model.variables, root_rank=0)
-        if self.optimizer is not None:
-            broadcast_variables(flavor.optimizer_variables(self.optimizer), root_rank=0)
-        self._save_model()
-        if self._saved_state:
-            self._saved_state = broadcast_object(self._saved_state, root_rank=0)
-            self._set_attrs()
-
-    def _set_attrs(self) -> None:
-        for name, value in self._saved_state.items():
-            setattr(self, name, value)
-
-    def _optimizer_variables(self) -> list[Any]:
-        return flavor.optimizer_variables(self.optimizer) if self.optimizer is not None else []
-
-    def _save_model(self) -> None:
-        self._saved_model_state = [tf.identity(v) for v in self.model.variables]
-        self._saved_optimizer_state = [tf.identity(v) for v in self._optimizer_variables()]
-
-    def _load_model(self) -> None:
-        for var, saved in zip(self.model.variables, self._saved_model_state):
-            var.assign(saved)
-        for var, saved in zip(self._optimizer_variables(), self._saved_optimizer_state):
-            var.assign(saved)
 
 
 class KerasState(TensorFlowKerasState):
@@ -105,19 +30,6 @@ class KerasState(TensorFlowKerasState):
 
     def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
         super().__init__(model, optimizer=optimizer, backend=keras.backend, **kwargs)
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``func(state, *args, **kwargs)``: sync ``state``, then run ``func`` once (see the module)."""
-    if not callable(func):
-        raise TypeError(f"hvd.elastic.run: `func` must be callable, got {type(func).__name__}")
-
-    @functools.wraps(func)
-    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        state.sync()
-        return func(state, *args, **kwargs)
-
-    return wrapper
 
 
 class CommitStateCallback(keras.callbacks.Callback):
