@@ -13,7 +13,7 @@ slurmd daemons listen on the same port, and MPI between the nodes leaves shared 
 over TCP. Both share one mount namespace, made here, whose /etc/hosts names the nodes. A daemon
 started with ``host=True`` also gets a UTS namespace whose host name is the node's (what
 ``hostname`` and MPI_Get_processor_name say). Nothing here is reachable from outside these
-namespaces and no traffic leaves them (DESIGN.md's network rule). The namespaces go when their
+namespaces and no traffic leaves them (the suite never reaches the network). The namespaces go when their
 processes do: the two keepers (``sleep``) die with the test process (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
