@@ -67,12 +67,22 @@ def sync_on_read_in(strategy: MPIStrategy, trackable: Any) -> list[Any]:
     if trackable is None:
         return []
     found, seen = [], set()
-    for obj in tf.train.TrackableView(trackable).descendants():
-        if (_tf_private.is_sync_on_read(obj) and id(obj) not in seen and _tf_private.owning_strategy(obj) is strategy
-                and obj.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN)):
-            seen.add(id(obj))
-            found.append(obj)
+    for node in tf.train.TrackableView(trackable).descendants():
+        for obj in _variables_of(node):
+            if (_tf_private.is_sync_on_read(obj) and id(obj) not in seen
+                    and _tf_private.owning_strategy(obj) is strategy
+                    and obj.aggregation in (tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN)):
+                seen.add(id(obj))
+                found.append(obj)
     return found
+
+
+def _variables_of(node: Any) -> tuple[Any, ...]:
+    """``node``, and the TensorFlow variable inside it when it is a Keras 3 variable (its public
+    ``value`` property: the checkpoint graph holds the Keras variable, the save reads the inner one)."""
+    if isinstance(getattr(type(node), "value", None), property):
+        return node, node.value
+    return (node,)
 
 
 def aggregate_sync_on_read(strategy: MPIStrategy, variables: list[Any], where: str) -> dict[int, tf.Tensor]:
