@@ -6,8 +6,9 @@ packs them by ``bytes_per_pack``), in the order the program issues them:
 - eagerly, the tensors' NumPy values go straight to the engine and the results come back as
   constants;
 - inside a ``tf.function``, one stateful ``tf.numpy_function`` op makes the call when the graph
-  runs. Its first input is one per-process resource handle, the ordering token (TensorFlow's own
-  collectives take an ordering token too); the function ignores its value. Automatic control
+  runs. Its first input is one resource handle, the ordering token (one per process for the
+  functions of an eager program, one per ``tf.compat.v1`` graph; TensorFlow's own collectives take
+  an ordering token too); the function ignores its value. Automatic control
   dependencies treat an op that takes a resource as a write to it and serialize every use of a
   resource in program order, so all collectives run in that order, and so do the ``tf.cond`` /
   ``tf.while_loop`` ops that contain them (they capture the handle), which they would otherwise
@@ -32,6 +33,7 @@ path (NCCL / MPI), DLPack back, inside a ``tf.py_function`` in graphs: no host c
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -114,15 +116,30 @@ def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensor
     return _from_wire(outs, original)
 
 
-_token: list[tf.Tensor] = []
+_eager_token: list[tf.Tensor] = []
+_graph_tokens: weakref.WeakKeyDictionary[Any, tf.Tensor] = weakref.WeakKeyDictionary()
 
 
 def ordering_token() -> tf.Tensor:
-    """The resource every collective's graph ops write, so that they run in program order."""
-    if not _token:
-        with tf.init_scope():  # eager, outside any tf.function or strategy: one handle per process
-            _token.append(tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name="mpidist_collective_order"))
-    return _token[0]
+    """The resource every collective's graph ops write, so that they run in program order.
+
+    One handle per outer context: eagerly (where ``tf.function`` graphs capture it) one per process;
+    in a ``tf.compat.v1`` graph one per graph, made in that graph (a handle of one v1 graph cannot
+    be used in another, nor in a ``tf.function`` traced after the graph is left)."""
+    with tf.init_scope():  # the outermost context: eager, or the v1 graph a function is built in
+        if tf.executing_eagerly():
+            if not _eager_token:
+                _eager_token.append(_new_token())
+            return _eager_token[0]
+        graph = tf.compat.v1.get_default_graph()
+        token = _graph_tokens.get(graph)
+        if token is None:
+            token = _graph_tokens[graph] = _new_token()
+        return token
+
+
+def _new_token() -> tf.Tensor:
+    return tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name="mpidist_collective_order")
 
 
 def _reshaped(results: Sequence[Any], arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

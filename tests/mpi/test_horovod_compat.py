@@ -51,6 +51,32 @@ def test_elastic_tensorflow_state_sync_commit_restore():
     assert ran == [(10, "x")]  # run syncs first: rank 0's epoch everywhere
 
 
+def test_function_traced_in_a_v1_graph_then_eagerly():
+    """A tf.function traced inside a v1 graph, then the same program eagerly (Horovod's test files
+    run every test in a graph, then eagerly, in one process): each context orders its collectives
+    on a resource of its own, so the second trace does not reach into the finished graph."""
+    n, me = hvd.size(), hvd.rank()
+    x = data(me, (3,))
+    want = sum(data(r, (3,)) for r in range(n))
+    summed = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
+    with tf.Graph().as_default():
+        out = summed(tf.constant(x))
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(out), want)
+    np.testing.assert_array_equal(tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(tf.constant(x)).numpy(), want)
+    np.testing.assert_array_equal(summed(tf.constant(x)).numpy(), want)
+
+
+def test_keras_variables_fetched_by_a_v1_session():
+    with tf.Graph().as_default():
+        v = tf.keras.Variable(np.arange(3.0, dtype=np.float32))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            np.testing.assert_array_equal(sess.run(v), np.arange(3.0))
+            sess.run(v.value.assign(np.full(3, 5.0, np.float32)))  # the fetch reads the current value
+            np.testing.assert_array_equal(sess.run(v), np.full(3, 5.0))
+
+
 def test_keras_variables_have_ref_and_batch_norm_takes_fused():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2), tf.keras.layers.BatchNormalization(fused=False)])
     model.build((None, 3))

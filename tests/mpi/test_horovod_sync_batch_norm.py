@@ -47,6 +47,26 @@ def test_training_moments_are_the_concatenated_batch(mode, uneven):
                                rtol=1e-5, atol=1e-5)  # inference: the moving statistics, no communication
 
 
+def test_v1_graph_outputs_and_moving_statistics_fetched_by_a_session():
+    """In a tf.compat.v1 graph (Horovod programs' graph mode): the Session fetches the layers'
+    Keras 3 variables as it fetches tf.Variables, and the outputs are the concatenated batch's."""
+    n, me = hvd.size(), hvd.rank()
+    xs = [rows(r, 3, seed=2) for r in range(n)]
+    with tf.Graph().as_default():
+        sync = hvd.SyncBatchNormalization(axis=1)
+        ref = keras.layers.BatchNormalization(axis=1)
+        got_op = sync(tf.constant(xs[me]), training=True)
+        want_op = ref(tf.constant(np.concatenate(xs)), training=True)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got, want = sess.run([got_op, want_op])
+            stats = sess.run([sync.moving_mean, sync.moving_variance, ref.moving_mean, ref.moving_variance])
+    np.testing.assert_allclose(got, want[3 * me:3 * me + 3], rtol=1e-4, atol=1e-4)
+    assert all(s.shape == (3,) for s in stats)
+    np.testing.assert_allclose(stats[0], stats[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stats[1], stats[3], rtol=1e-4, atol=1e-5)
+
+
 def test_masked_moments():
     n, me = hvd.size(), hvd.rank()
     xs = [rows(r, 2, shape=(4, 3), seed=1) for r in range(n)]

@@ -1,4 +1,4 @@
-"""Two ``tf.keras`` 2 spellings that Horovod programs (and Horovod's own tests) use, given to Keras 3.
+"""Three ``tf.keras`` 2 spellings that Horovod programs (and Horovod's own tests) use, given to Keras 3.
 
 - ``var.ref()``: programs written for ``tf.keras`` 2 key dictionaries by it (a ``tf.Variable``
   method; Horovod's tests do, on ``model.trainable_weights``). Keras 3's TensorFlow-backend
@@ -6,6 +6,10 @@
   identity, whose ``deref()`` is the variable.
 - ``BatchNormalization(fused=...)``: Keras 2's choice of kernel (a speed hint, same results);
   Keras 3 has one kernel and refuses the argument, so it is accepted and dropped.
+- ``session.run(layer.moving_mean)`` in a ``tf.compat.v1`` graph: a v1 Session fetches a
+  ``tf.Variable`` (its current value); a Keras 3 variable made in that graph holds one but gave the
+  Session nothing to fetch ("Can not convert a Variable into a Tensor or Operation"). It now gives
+  its TensorFlow variable's graph element, as ``tf.Variable`` does.
 
 Nothing is replaced where Keras has the name already. Only the installed Keras 3 is touched
 (``tf_keras``, under ``TF_USE_LEGACY_KERAS=1``, has both). Installed when
@@ -48,6 +52,13 @@ def _ref(self: Any) -> Reference:
     return Reference(self)
 
 
+def _as_graph_element(self: Any) -> Any:
+    """What a v1 Session fetches for this variable: its TensorFlow variable's (``tf.Variable``'s
+    protocol); None where there is none (eagerly), so the Session's own error stands."""
+    convert = getattr(self.value, "_as_graph_element", None)
+    return convert() if callable(convert) else None
+
+
 def _accepting_fused(init: Any) -> Any:
     def __init__(self: Any, *args: Any, fused: Any = None, **kwargs: Any) -> None:
         init(self, *args, **kwargs)  # Keras 3 has one kernel: ``fused`` (Keras 2's speed hint) is dropped
@@ -57,10 +68,12 @@ def _accepting_fused(init: Any) -> Any:
 
 
 def install() -> None:
-    """Give the loaded Keras 3 classes the two spellings (see the module docstring)."""
+    """Give the loaded Keras 3 classes the three spellings (see the module docstring)."""
     variable = getattr(sys.modules.get(_KERAS_TF_VARIABLE), "Variable", None)
     if variable is not None and not hasattr(variable, "ref"):
         variable.ref = _ref
+    if variable is not None and not hasattr(variable, "_as_graph_element"):
+        variable._as_graph_element = _as_graph_element
     batch_norm = getattr(sys.modules.get(_KERAS_BATCH_NORM), "BatchNormalization", None)
     if batch_norm is not None and "fused" not in _parameters(batch_norm.__init__):
         batch_norm.__init__ = _accepting_fused(batch_norm.__init__)
