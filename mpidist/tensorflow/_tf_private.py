@@ -126,7 +126,22 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
     _TF + "trackable.base.Trackable": ("_trackable_children",),
     _TF + "data.ops.dataset_ops.DatasetV2": ("_as_serialized_graph",),
     _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint", "_maybe_delete"),
+    _TF + "ops.resource_variable_ops.BaseResourceVariable": ("_as_graph_element",),  # what a v1 Session fetches
 }
+
+
+def make_session_fetchable(cls: type) -> None:
+    """Let a ``tf.compat.v1.Session`` fetch instances of ``cls``, a variable class holding a TensorFlow
+    variable as its ``value``, as it fetches that variable (TensorFlow's ``_as_graph_element``
+    protocol). Nothing is replaced where ``cls`` has the protocol already."""
+    if hasattr(cls, "_as_graph_element"):
+        return
+
+    def _as_graph_element(self: Any) -> Any:  # None eagerly: then the Session's own error stands
+        convert = getattr(self.value, "_as_graph_element", None)
+        return convert() if callable(convert) else None
+
+    cls._as_graph_element = _as_graph_element  # type: ignore[attr-defined]  # pylint: disable=protected-access
 
 
 def container_strategy(extended: Any) -> Any:

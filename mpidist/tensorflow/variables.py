@@ -76,3 +76,9 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
     with extended.device_scope():
         variable = next_creator(**kwargs)
     return _tf_private.make_mirrored(extended.container_strategy(), variable, aggregation)
+
+
+def make_session_fetchable(cls: type) -> None:
+    """Let a ``tf.compat.v1.Session`` fetch instances of ``cls`` (a variable class whose ``value`` is
+    a TensorFlow variable, such as Keras 3's) as it fetches that TensorFlow variable."""
+    _tf_private.make_session_fetchable(cls)

@@ -22,6 +22,8 @@ import inspect
 import sys
 from typing import Any
 
+from ...tensorflow.variables import make_session_fetchable
+
 _KERAS_TF_VARIABLE = "keras.src.backend.tensorflow.core"
 _KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
 
@@ -52,13 +54,6 @@ def _ref(self: Any) -> Reference:
     return Reference(self)
 
 
-def _as_graph_element(self: Any) -> Any:
-    """What a v1 Session fetches for this variable: its TensorFlow variable's (``tf.Variable``'s
-    protocol); None where there is none (eagerly), so the Session's own error stands."""
-    convert = getattr(self.value, "_as_graph_element", None)
-    return convert() if callable(convert) else None
-
-
 def _accepting_fused(init: Any) -> Any:
     def __init__(self: Any, *args: Any, fused: Any = None, **kwargs: Any) -> None:
         init(self, *args, **kwargs)  # Keras 3 has one kernel: ``fused`` (Keras 2's speed hint) is dropped
@@ -72,8 +67,8 @@ def install() -> None:
     variable = getattr(sys.modules.get(_KERAS_TF_VARIABLE), "Variable", None)
     if variable is not None and not hasattr(variable, "ref"):
         variable.ref = _ref
-    if variable is not None and not hasattr(variable, "_as_graph_element"):
-        variable._as_graph_element = _as_graph_element
+    if variable is not None:
+        make_session_fetchable(variable)
     batch_norm = getattr(sys.modules.get(_KERAS_BATCH_NORM), "BatchNormalization", None)
     if batch_norm is not None and "fused" not in _parameters(batch_norm.__init__):
         batch_norm.__init__ = _accepting_fused(batch_norm.__init__)
