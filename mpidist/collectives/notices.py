@@ -37,6 +37,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .. import errors
+from .._config import rc
 from . import progress
 
 _log = logging.getLogger("mpidist")
@@ -136,21 +138,37 @@ def _match(board: _Board, save: Save) -> tuple[bool, Notice | None]:
 
 def follow(engine: Any, save: Save, path: str) -> Notice | None:
     """On a rank other than the chief: wait for the chief's notice of ``save``; None when the chief
-    made no such save here (then the path is this rank's own)."""
+    made no such save here (then the path is this rank's own).
+
+    The wait has a collective's limits: a warning after ``rc.stall_seconds``, the job aborted after
+    ``rc.stall_abort_seconds``, :class:`mpidist.errors.DeadlineExceededError` after
+    ``rc.timeout_seconds`` (a chief stuck in a collective that this rank never joins, or a save
+    made by ranks other than the chief alone, would otherwise wait forever)."""
     board = _board(engine)
     comm = engine.topology.comm
     start, nap, warned = time.monotonic(), 1e-4, False
+    warn_after = _WARN_AFTER if rc.stall_seconds is None else rc.stall_seconds
     while True:
         _drain(comm, board)
         decided, notice = _match(board, save)
         if decided:
             return notice
         waited = time.monotonic() - start
-        if not warned and waited > _WARN_AFTER:
+        if not warned and waited > warn_after:
             warned = True
-            _log.warning("mpidist: rank %d has waited %.0f s for the chief's %s of %s: a save on a rank other "
-                         "than the chief follows the chief's save at the same point of the program (every rank "
-                         "saves, or the chief alone; not the other ranks alone)", comm.Get_rank(), waited,
-                         save.kind, path)
+            _log.warning("mpidist: rank %d has waited %.0f s for the chief's %s of %s: %s", comm.Get_rank(),
+                         waited, save.kind, path, _RULE)
+        if rc.stall_abort_seconds is not None and waited >= rc.stall_abort_seconds:
+            _log.error("mpidist: rank %d has waited %.0f s for the chief's %s of %s (rc.stall_abort_seconds): "
+                       "aborting the job; %s", comm.Get_rank(), waited, save.kind, path, _RULE)
+            MPI.COMM_WORLD.Abort(1)
+        if rc.timeout_seconds and waited >= rc.timeout_seconds:
+            raise errors.deadline_exceeded(
+                f"mpidist: rank {comm.Get_rank()} waited {waited:.0f} s (rc.timeout_seconds) for the chief's "
+                f"{save.kind} of {path}, which did not come: {_RULE}")
         time.sleep(nap)
         nap = min(nap * 2, 0.01)
+
+
+_RULE = ("a save on a rank other than the chief follows the chief's save at the same point of the program "
+         "(every rank saves, or the chief alone; not the other ranks alone)")

@@ -68,3 +68,25 @@ def test_chief_write_error_is_raised_on_every_rank_that_saves_its_path(strategy,
     comm.Barrier()
     with pytest.raises(OSError, match="could not write"):
         checkpoint.save(state(1), os.path.join(blocker, "state.npz"), strategy)
+
+
+def test_save_by_the_other_ranks_alone_ends_at_the_deadline(comm, shared_dir):
+    """Ranks other than the chief saving alone wait for a chief's save that never comes, while the
+    chief waits for them in its next collective: under rc.timeout_seconds every rank raises
+    DeadlineExceededError (the followers from the save, naming the rule) instead of waiting
+    forever, and nothing is written. (An expired deadline leaves that strategy's communicator
+    refusing collectives, as for any collective: a strategy of its own here.)"""
+    if comm.Get_size() == 1:
+        pytest.skip("needs a rank other than the chief")
+    with mpidist.rc.override(framework="numpy"):
+        own = mpidist.MultiWorkerMirroredStrategy()
+    path = os.path.join(shared_dir, "others.npz")
+    with mpidist.rc.override(timeout_seconds=1):
+        if comm.Get_rank() != 0:
+            with pytest.raises(mpidist.errors.DeadlineExceededError, match="not the other ranks alone"):
+                checkpoint.save(state(1), path, own)
+        else:
+            with pytest.raises(mpidist.errors.DeadlineExceededError):
+                own.reduce("SUM", np.ones(1), axis=None)
+    comm.Barrier()
+    assert not os.path.exists(path)
