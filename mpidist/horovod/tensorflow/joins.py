@@ -13,7 +13,8 @@ agreement check and deadlines cover it like any collective):
   op, dtypes, shapes), and one more small allreduce checks that every active rank issued that.
   For an allreduce the joined ranks, looping inside ``join()``, take part with
   the op's identity (zeros for Sum and Average, so Average still divides by the set's size as in
-  Horovod; +inf/-inf/1 for Min/Max/Product). Any other collective (allgather, broadcast, alltoall,
+  Horovod; +inf/-inf/1 for Min/Max/Product; a Product is an engine allgather, see
+  ``_product_in_rank_order``, on the joined ranks too). Any other collective (allgather, broadcast, alltoall,
   reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the
   joined ones raising from ``join()``, as Horovod refuses them ("not supported with Join").
 - No rank active: every rank has joined; ``join()`` returns on every rank the last rank that
@@ -131,7 +132,33 @@ def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
 def allreduce(engine: Engine, value: Any, op: Any) -> Any:
     """``engine.allreduce(value, op)``; ranks that have joined contribute the op's identity."""
     admit(engine, ALLREDUCE, value, op)
+    return _reduce(engine, value, op)
+
+
+def _reduce(engine: Engine, value: Any, op: Any) -> Any:
+    if str(getattr(op, "value", op)).lower() == "prod":
+        return _product_in_rank_order(engine, value)
     return engine.allreduce(value, op)
+
+
+def _product_in_rank_order(engine: Engine, value: Any) -> Any:
+    """Product as one process computes it over the ranks' tensors stacked in rank order
+    (``tf.reduce_prod(..., axis=0)``, ``np.prod``): ``((x0 * x1) * x2) ...``, rounded in the tensor's
+    dtype at each step (float16 too, as Horovod's CPU float16 product). MPI_PROD's order depends on
+    the algorithm and the message size, so floating-point products would differ from that in the
+    last bit at 3 ranks and more. One engine allgather of every leaf as a row, then the fold here:
+    a Product moves ``size`` times the data of a Sum (Horovod programs use it for small tensors)."""
+    leaves = list(value) if isinstance(value, (list, tuple)) else [value]
+    arrays = [np.asarray(v) for v in leaves]
+    rows = engine.allgather([a.reshape(1, -1) for a in arrays])
+    out = []
+    for a, gathered in zip(arrays, rows):
+        gathered = np.asarray(gathered).reshape(engine.size, -1)
+        acc = gathered[0].copy()
+        for row in gathered[1:]:
+            np.multiply(acc, row, out=acc)  # bool: logical and
+        out.append(acc.reshape(a.shape))
+    return type(value)(out) if isinstance(value, (list, tuple)) else out[0]
 
 
 def collective(engine: Engine, kind: str, call: Callable[[], Any]) -> Any:
@@ -155,4 +182,4 @@ def join(engine: Engine) -> int:
         kind, op, structure = theirs
         if kind != ALLREDUCE:
             raise refusal(kind)
-        engine.allreduce(_stand_in(structure, op), op)
+        _reduce(engine, _stand_in(structure, op), op)
