@@ -47,6 +47,7 @@ KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
         "_reduction_axes"),
     "keras.src.optimizers.base_optimizer.BaseOptimizer": ("_trainable_variables",),  # DistributedOptimizer
     "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": ("_distribute_strategy",),  # a model's strategy
+    "tf_keras.src.engine.training.Model": ("_distribution_strategy",),  # a tf_keras model's strategy
     "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2": ("_compute_gradients",),  # overridden: allreduces
 }
 
@@ -138,7 +139,7 @@ def multi_rank(strategy: Any) -> Any:
 
 def model_strategy(model: Any) -> Any:
     """The multi-rank mpidist strategy a Keras model was built under (or the one in scope), or None."""
-    strategy = getattr(model, "_distribute_strategy", None) if model is not None else None
+    strategy = built_under(model) if model is not None else None
     if strategy is None:
         import tensorflow as tf
         strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
@@ -147,7 +148,14 @@ def model_strategy(model: Any) -> Any:
 
 def child_strategies(trackable: Any) -> list[Any]:
     """The strategies (or None) of the objects a ``tf.train.Checkpoint``-like object tracks
-    (TensorFlow's ``_trackable_children`` and each child's ``_distribute_strategy``)."""
+    (TensorFlow's ``_trackable_children`` and each child's strategy: ``built_under``)."""
     children = getattr(trackable, "_trackable_children", None)
     found = children().values() if callable(children) else ()
-    return [getattr(child, "_distribute_strategy", None) for child in found]
+    return [built_under(child) for child in found]
+
+
+def built_under(obj: Any) -> Any:
+    """The strategy a Keras 3 model or TensorFlow variable (``_distribute_strategy``) or a tf_keras
+    model (``_distribution_strategy``) was created under, or None."""
+    strategy = getattr(obj, "_distribute_strategy", None)
+    return strategy if strategy is not None else getattr(obj, "_distribution_strategy", None)

@@ -274,3 +274,17 @@ def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
     assert sorted(os.listdir(shared_dir)) == ["logs", "model-1.h5", "model-2.h5"]
     restored = keras.models.load_model(os.path.join(shared_dir, "model-2.h5"))
     assert_close(restored.get_weights(), model.get_weights(), tol=0)
+
+
+def test_model_built_in_scope_keeps_its_strategy_outside_it(eng, comm):
+    """A tf_keras model keeps its strategy as ``_distribution_strategy`` (Keras 3:
+    ``_distribute_strategy``): mpidist's save coordination finds it outside the scope too, directly
+    and through a tf.train.Checkpoint holding the model."""
+    from mpidist.keras import patching
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    with strategy.scope():
+        model = build_model("sgd")
+    expected = strategy if comm.Get_size() > 1 else None  # one rank: nothing to coordinate
+    assert patching.model_strategy(model) is expected
+    assert patching.built_under(model) is strategy
+    assert strategy in patching.child_strategies(tf.train.Checkpoint(model=model))

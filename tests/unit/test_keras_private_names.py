@@ -48,6 +48,11 @@ def _keras_model(tmp_path):
     return keras.Sequential([keras.layers.Dense(1)])
 
 
+def _tf_keras_model(tmp_path):
+    import tf_keras
+    return tf_keras.Sequential([tf_keras.layers.Dense(1)])
+
+
 def _mirrored_variable(tmp_path):
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         return tf.Variable(1.0)
@@ -63,6 +68,7 @@ SAMPLES = {  # class (a table's key) -> an instance of it, for the names set on 
     "keras.src.layers.normalization.batch_normalization.BatchNormalization": _batch_normalization,
     "keras.src.optimizers.base_optimizer.BaseOptimizer": _keras_optimizer,
     "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": _keras_model,
+    "tf_keras.src.engine.training.Model": _tf_keras_model,
     _TF + "distribute.values.DistributedValues": _mirrored_variable,
     _TF + "distribute.values.DistributedVariable": _mirrored_variable,
     _TF + "checkpoint.checkpoint_management.CheckpointManager": _checkpoint_manager,
