@@ -90,9 +90,14 @@ def refusal(kind: str) -> CollectiveMismatchError:
         f"allreduce only, as in Horovod.{hint}")
 
 
+def _op_name(op: Any) -> str:
+    """The engine op's name in lower case ("sum", "prod", ...), from an ``Op`` or a string."""
+    return str(getattr(op, "value", op)).lower()
+
+
 def identity(dtype: np.dtype, op: Any) -> Any:
     """The value a joined rank contributes to a reduction with ``op``."""
-    name = str(getattr(op, "value", op)).lower()
+    name = _op_name(op)
     if name in ("sum", "mean"):
         return 0
     if name == "prod":
@@ -136,7 +141,7 @@ def allreduce(engine: Engine, value: Any, op: Any) -> Any:
 
 
 def _reduce(engine: Engine, value: Any, op: Any) -> Any:
-    if str(getattr(op, "value", op)).lower() == "prod":
+    if _op_name(op) == "prod":
         return _product_in_rank_order(engine, value)
     return engine.allreduce(value, op)
 
