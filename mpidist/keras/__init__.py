@@ -50,7 +50,8 @@ def _install() -> None:
     from . import flavor, tf_checkpoint
     tf_checkpoint.install()
     if flavor.is_keras2() or "tf_keras" in sys.modules:
-        from . import predict, shuffle
+        from . import callbacks, predict, shuffle
+        callbacks.install_keras2()
         predict.install_keras2()
         shuffle.install_keras2()
     try:

@@ -15,7 +15,8 @@ under a multi-rank mpidist strategy, both work (``mpidist.tensorflow.checkpoint.
   every rank resumes at the same epoch with the same weights.
 - ``TensorBoard``: the chief writes the event files to ``log_dir``; the other ranks write theirs
   to a private temporary directory, removed when training ends (as TensorFlow's Keras did).
-- ``CSVLogger``: the chief writes the file; the other ranks write to ``os.devnull``.
+- ``CSVLogger``: the chief writes the file; the other ranks write to ``os.devnull`` (Keras 3, and
+  tf_keras's CSVLogger under ``TF_USE_LEGACY_KERAS=1``: ``install_keras2``).
 
 A callback on the chief alone writes without waiting for anyone. Where every rank runs it, an error
 of the chief's write is raised on every rank. Logs are global (metrics are aggregated over ranks),
@@ -164,3 +165,7 @@ def install() -> None:
     patching.patch(TensorBoard, "on_train_end", _tensorboard_end)
     patching.patch(CSVLogger, "on_train_begin", _csv_begin)
 
+
+def install_keras2() -> None:
+    """tf_keras's CSVLogger (same attributes as Keras 3's): the chief writes the file."""
+    patching.patch(patching.tf_keras_internal("callbacks").CSVLogger, "on_train_begin", _csv_begin)

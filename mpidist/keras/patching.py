@@ -19,6 +19,7 @@ _PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) 
 TF_KERAS_INTERNALS = {
     "training": "tf_keras.src.engine.training",  # reduce_per_replica: predict's "concat" of replicas
     "data_adapter": "tf_keras.src.engine.data_adapter",  # TensorLikeDataAdapter: fit(shuffle=True)'s permutation
+    "callbacks": "tf_keras.src.callbacks",  # CSVLogger: the chief writes the file
 }
 
 

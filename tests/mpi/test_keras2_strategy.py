@@ -288,3 +288,19 @@ def test_model_built_in_scope_keeps_its_strategy_outside_it(eng, comm):
     assert patching.model_strategy(model) is expected
     assert patching.built_under(model) is strategy
     assert strategy in patching.child_strategies(tf.train.Checkpoint(model=model))
+
+
+def test_csv_logger_rows_written_once(eng, comm, shared_dir):
+    """tf_keras's CSVLogger on every rank, appending to one file: the chief writes (one header, one
+    row per epoch), the other ranks write nothing there."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, y = dataset_arrays(32, seed=6)
+    with strategy.scope():
+        model = build_model("sgd")
+    path = os.path.join(shared_dir, "log.csv")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, verbose=0,
+              callbacks=[keras.callbacks.CSVLogger(path, append=True)])
+    comm.Barrier()
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0].startswith("epoch") and [ln.split(",")[0] for ln in lines[1:]] == ["0", "1", "2"], lines
