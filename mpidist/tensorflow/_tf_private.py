@@ -43,6 +43,9 @@ Optional:
   ``tf.numpy_function``. Registering the collective's function directly skips the AutoGraph
   wrapper ``tf.numpy_function`` puts around every call (measured here: 90 -> 70 us per op). Without
   them, ``tf.numpy_function`` itself is used.
+- ``ops.control_flow_util.IsInCond`` / ``IsInWhileLoop``: whether a v1 graph op sits inside
+  control flow v1, where Horovod's v1 collectives are refused (their run-time order needs ops that
+  run once per step). Without them nothing is refused.
 """
 from __future__ import annotations
 
@@ -91,6 +94,8 @@ OPTIONAL = (
     (_TF + "eager.record", "could_possibly_record"),
     (_TF + "ops.script_ops", "_py_funcs"),
     (_TF + "ops.gen_script_ops", "py_func"),
+    (_TF + "ops.control_flow_util", "IsInCond"),
+    (_TF + "ops.control_flow_util", "IsInWhileLoop"),
 )
 
 (UpdateContext, _get_update_replica_id, SyncOnReadVariable, MirroredVariable, _is_saving_non_distributed, _graph_in_xla,
@@ -101,7 +106,8 @@ for _cls, _method in REQUIRED_METHODS:
         raise ImportError(f"mpidist.tensorflow: this TensorFlow ({tf.__version__}) has no {_cls.__name__}.{_method}, "
                           f"a private method mpidist needs (tested with {TESTED_WITH}); install a tested "
                           f"TensorFlow version")
-_could_possibly_record, _py_funcs, _py_func_op = [_optional(m, n) for m, n in OPTIONAL]
+_could_possibly_record, _py_funcs, _py_func_op, _is_in_cond, _is_in_while_loop = \
+    [_optional(m, n) for m, n in OPTIONAL]
 
 # The private attributes and methods of TensorFlow classes that mpidist reads, calls or overrides,
 # by the class that defines them: read only here (container_strategy, the subclasses above); the
@@ -176,6 +182,12 @@ def in_xla_context() -> bool:
     if tf.executing_eagerly():
         return False
     return bool(_graph_in_xla(tf.compat.v1.get_default_graph()))
+
+
+def in_v1_control_flow(op: Any) -> bool:
+    """Whether graph op ``op`` is inside ``tf.compat.v1`` control flow (control flow v1: a cond's
+    Switch/Merge or a while loop's frame), where it may run zero or many times in one step."""
+    return any(bool(check(op)) for check in (_is_in_cond, _is_in_while_loop) if check is not None)
 
 
 def may_record_gradients() -> bool:

@@ -67,6 +67,12 @@ def check_not_xla(where: str) -> None:
             f"the default under a distribution strategy)")
 
 
+def in_v1_control_flow(op: Any) -> bool:
+    """Whether graph op ``op`` is inside ``tf.compat.v1`` control flow (control flow v1), where it
+    may run zero or many times in one ``Session.run``."""
+    return _tf_private.in_v1_control_flow(op)
+
+
 def _to_wire(tensors: Sequence[Any]) -> tuple[list[tf.Tensor], list[tf.DType]]:
     """Tensors as the engine can take them; bfloat16 goes as float32."""
     wire, original = [], []

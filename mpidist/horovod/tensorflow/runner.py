@@ -4,8 +4,8 @@
 - Inside a ``tf.function`` one stateful ``tf.numpy_function`` op calls ``run`` between two writes
   to mpidist's ordering resource (``mpidist.tensorflow.collectives.ordering_token``), so every
   rank issues its collectives in program order, as mpidist's own strategies do.
-- In a ``tf.compat.v1`` graph (no automatic control dependencies) each collective op gets a
-  control dependency on the graph's previous one, for the same reason.
+- In a ``tf.compat.v1`` graph (no automatic control dependencies) the collectives a
+  ``Session.run`` needs run in creation order, on a thread beside the step (sessions.py).
 
 Errors are errors on every rank, of Horovod's types, in every mode:
 
@@ -27,7 +27,6 @@ Errors are errors on every rank, of Horovod's types, in every mode:
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -35,8 +34,7 @@ import tensorflow as tf
 
 from ...errors import CollectiveMismatchError
 from ...tensorflow.collectives import check_not_xla, ordering_token
-
-_last_op: weakref.WeakKeyDictionary[tf.Graph, tf.Operation] = weakref.WeakKeyDictionary()
+from . import sessions
 
 Run = Callable[[list[np.ndarray]], list[np.ndarray]]
 
@@ -126,38 +124,39 @@ def execute(name: str, run: Run, tensors: Sequence[tf.Tensor], out_dtypes: Seque
 
     types = list(out_dtypes) + [tf.int32, tf.string]
     graph = tf.compat.v1.get_default_graph()
-    in_function = getattr(graph, "outer_graph", None) is not None or isinstance(graph, tf.__internal__.FuncGraph)
-    if in_function:
+    if getattr(graph, "outer_graph", None) is not None or isinstance(graph, tf.__internal__.FuncGraph):
         token = ordering_token()
         with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))]):
-            outs = tf.numpy_function(func, tensors, types, stateful=True, name=name)
-    else:  # a v1 graph: chain the collectives in program order
-        previous = _last_op.get(graph)
-        with tf.control_dependencies([previous] if previous is not None else []):
-            outs = tf.numpy_function(func, tensors, types, stateful=True, name=name)
-    outs = _checked(list(outs))
-    # the next collective waits for this one's check: after an error no rank starts it (every rank
-    # raised in this one, and TensorFlow abandons the step before the next op runs)
-    if in_function:
+            outs = _checked(list(tf.numpy_function(func, tensors, types, stateful=True, name=name)))
+        # the next collective waits for this one's check: after an error no rank starts it (every rank
+        # raised in this one, and TensorFlow abandons the step before the next op runs)
         with tf.control_dependencies(outs):
             tf.raw_ops.AssignVariableOp(resource=token, value=tf.constant(0))
-    else:
-        _last_op[graph] = outs[0].op
+    else:  # a v1 graph: ordered per Session.run (sessions.py)
+        raw, reraise = sessions.collective(name, func, tensors, types, where)
+        outs = _checked(raw, reraise)
     for out, shape in zip(outs, shapes):
         if shape is not None:
             out.set_shape(shape)
     return outs
 
 
-def _checked(outs: list[tf.Tensor]) -> list[tf.Tensor]:
-    """The op's results, after a check that raises FailedPreconditionError when its status says so.
+def _checked(outs: list[tf.Tensor], reraise: Callable[[np.ndarray], np.int32] | None = None) -> list[tf.Tensor]:
+    """The op's results, after a check that raises FailedPreconditionError when its status says so
+    (or, in a v1 graph, ``reraise``'s error: sessions.RAISED).
 
     (In a v1 graph TensorFlow may log "Operation ... was changed by setting attribute after it was
     run by a session" for these identities when a later custom_gradient is built: the change has no
     effect. Passing the results through the cond instead avoids the message, but TensorFlow then
     prunes the failing branch's file read, and nothing raises.)"""
     status, message = outs[-2], outs[-1]
-    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), lambda: _raise_failed_precondition(message))
+
+    def failed() -> tf.Tensor:
+        if reraise is None:
+            return _raise_failed_precondition(message)
+        with tf.control_dependencies([tf.numpy_function(reraise, [status], tf.int32, stateful=True)]):
+            return _raise_failed_precondition(message)
+    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), failed)
     with tf.control_dependencies([check]):
         return [tf.identity(o) for o in outs[:-2]]
 

@@ -1,0 +1,295 @@
+"""Horovod collectives in ``tf.compat.v1`` graphs: one order on every rank, chosen per ``Session.run``.
+
+In a v1 graph nothing orders two ops that do not depend on each other, and a ``Session.run`` runs
+only the ops its fetches need. Chaining every collective to the one created before it (what
+mpidist did first) orders them, but then fetching a collective also runs every earlier one, with
+its inputs: placeholders nobody feeds, N²/2 collectives for N fetched one by one. So here a
+collective op does no communication itself:
+
+- its op (``submit``, a stateful ``tf.numpy_function``) hands its input arrays to this graph's
+  registry and returns at once;
+- a ``FIFOQueue`` dequeue after it waits for the result. A dequeue waits asynchronously: it holds
+  none of TensorFlow's inter-op threads, so any number of collectives may wait at once (a Python
+  op that waited would hold one, and a few of them would stop the step);
+- ``Session.run`` and ``Session.make_callable`` (wrapped when the first such op is built) work out
+  before the step which collectives its fetches need: the ops reached from the fetches through
+  inputs and control inputs, fed tensors cut, in creation order (a topological order: no
+  collective needs one made after it). Every rank builds the same graph and fetches the same
+  things, so every rank gets the same list. A thread runs the list in that order, each collective
+  once its inputs have arrived, and enqueues each result through the same session.
+
+Errors: a collective that raises (on every rank: ``Engine.guard``) is the last one of the step on
+every rank: its status goes through the queue, the check after the dequeue raises it, TensorFlow
+abandons the step, and nothing later runs. When a step fails elsewhere, results nobody dequeued are
+drained before ``run`` returns, so the next step starts clean. A collective inside control flow v1
+(it could run zero or many times per step) is refused when it is built; a collective run outside
+``Session.run`` / ``make_callable`` (``partial_run``, TensorFlow-internal callables) raises instead
+of waiting. Runs of one graph that need collectives take turns (one at a time per graph).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ...tensorflow.collectives import in_v1_control_flow
+
+RAISED = 2  # the status output of a collective whose body raised: the check re-raises it
+
+Body = Callable[..., list[Any]]  # the input arrays -> the outputs
+
+_log = logging.getLogger("mpidist")
+
+
+class _Collective:
+    """One collective of a graph: its body, and the ops that carry its result (built with it)."""
+
+    def __init__(self, index: int, body: Body, types: Sequence[tf.DType], queue: Any) -> None:
+        self.index = index
+        self.body = body
+        self.types = list(types)
+        self.placeholders = [tf.compat.v1.placeholder(t) for t in types]
+        self.enqueue = queue.enqueue(self.placeholders)
+        self.size = queue.size()
+        self.drain = queue.dequeue()
+        self.error: BaseException | None = None
+        self._enqueuers: weakref.WeakKeyDictionary[Any, Callable[..., Any]] = weakref.WeakKeyDictionary()
+
+    def enqueuer(self, session: Any) -> Callable[..., Any]:
+        """``session``'s callable that enqueues this collective's outputs (made once per session)."""
+        made = self._enqueuers.get(session)
+        if made is None:
+            made = self._enqueuers[session] = _ORIGINAL_MAKE_CALLABLE(session, self.enqueue, self.placeholders)
+        return made
+
+    def outputs(self, arrays: list[np.ndarray]) -> list[Any]:
+        """The body's outputs (results, status, message); a raise is kept for ``reraise``."""
+        try:
+            return self.body(*arrays)
+        except Exception as error:  # pylint: disable=broad-except  # re-raised in the step by reraise
+            self.error = error
+            return [np.zeros([0], t.as_numpy_dtype) for t in self.types[:-2]] + [np.int32(RAISED), b""]
+
+    def reraise(self, status: np.ndarray) -> np.int32:
+        """The body of the op that raises this collective's error in the step (the exception the body
+        raised; TensorFlow maps it as for any ``numpy_function``)."""
+        error, self.error = self.error, None
+        if int(status) == RAISED and error is not None:
+            raise error
+        return np.int32(0)
+
+
+class _Step:
+    """The collectives one run needs, in creation order, run by a thread as their inputs arrive."""
+
+    def __init__(self, session: Any, plan: list[_Collective]) -> None:
+        self._session = session
+        self._plan = plan
+        self._wanted = {c.index for c in plan}
+        self._inputs: dict[int, list[np.ndarray]] = {}
+        self._cond = threading.Condition()
+        self._over = False
+        self._enqueued: list[_Collective] = []
+        self._thread = threading.Thread(target=self._loop, name="mpidist-v1-collectives", daemon=True)
+        self._thread.start()
+
+    def submit(self, index: int, arrays: list[np.ndarray]) -> None:
+        with self._cond:
+            if index not in self._wanted or self._over:
+                raise RuntimeError(
+                    "mpidist.horovod: a tf.compat.v1 collective ran that this Session.run did not plan "
+                    "(run through Session.run or Session.make_callable; partial_run and TensorFlow-internal "
+                    "callables are not supported)")
+            self._inputs[index] = arrays
+            self._cond.notify_all()
+
+    def _wait_for(self, index: int) -> list[np.ndarray] | None:
+        with self._cond:
+            while index not in self._inputs and not self._over:
+                self._cond.wait()
+            return self._inputs.pop(index, None)
+
+    def _loop(self) -> None:
+        for collective in self._plan:
+            arrays = self._wait_for(collective.index)
+            if arrays is None:  # the step ended without it (an error elsewhere)
+                return
+            outs = collective.outputs(arrays)
+            collective.enqueuer(self._session)(*outs)
+            self._enqueued.append(collective)
+            if int(outs[-2]) != 0:  # raised on every rank: the last collective of this step
+                return
+
+    def finish(self, failed: bool) -> None:
+        """After the step: stop the thread; after a failed step, drop results nobody dequeued."""
+        with self._cond:
+            self._over = True
+            self._cond.notify_all()
+        self._thread.join()
+        if failed:
+            try:
+                for collective in self._enqueued:
+                    if _ORIGINAL_RUN(self._session, collective.size) > 0:
+                        _ORIGINAL_RUN(self._session, collective.drain)
+            except (tf.errors.OpError, RuntimeError) as error:  # a closed session: the step's own error stands
+                _log.debug("mpidist.horovod: results of a failed step not drained: %s", error)
+
+
+class _Graph:
+    """The v1 collectives of one graph and the step running them."""
+
+    def __init__(self) -> None:
+        self.collectives: list[_Collective] = []
+        self.by_op: dict[str, _Collective] = {}
+        self.plans: dict[Any, list[_Collective]] = {}
+        self.turn = threading.Lock()
+        self.step: _Step | None = None
+        self.owner: int | None = None  # the thread whose run the step is
+
+    def submit(self, index: int, *arrays: np.ndarray) -> np.int32:
+        step = self.step
+        if step is None:
+            raise RuntimeError("mpidist.horovod: a tf.compat.v1 collective ran outside Session.run / "
+                               "Session.make_callable (partial_run is not supported)")
+        step.submit(index, list(arrays))
+        return np.int32(0)
+
+    def plan(self, graph: tf.Graph, fetches: Any, fed: Any) -> list[_Collective]:
+        """The collectives a run of ``fetches`` with ``fed`` fed needs, in creation order."""
+        targets = [_element(graph, x, True) for x in _leaves(fetches)]
+        cut = {_element(graph, x, False).name for x in _leaves(fed)}
+        key = (tuple(t.name for t in targets), frozenset(cut), len(self.collectives))
+        if key not in self.plans:
+            seen: set[str] = set()
+            stack = [t if isinstance(t, tf.Operation) else t.op for t in targets]
+            found = []
+            while stack:
+                op = stack.pop()
+                if op.name in seen:
+                    continue
+                seen.add(op.name)
+                if op.name in self.by_op:
+                    found.append(self.by_op[op.name])
+                stack.extend(t.op for t in op.inputs if t.name not in cut)
+                stack.extend(op.control_inputs)
+            self.plans[key] = sorted(found, key=lambda c: c.index)
+        return self.plans[key]
+
+    def ordered(self, session: Any, fetches: Any, fed: Any, call: Callable[[], Any]) -> Any:
+        """``call()`` (the session's run) with this graph's collectives run in order beside it."""
+        if self.owner == threading.get_ident():  # a run inside one being ordered (make_callable's own)
+            return call()
+        try:
+            plan = self.plan(session.graph, fetches, fed)
+        except (TypeError, ValueError, KeyError):  # not a graph element: TensorFlow's own error says so
+            return call()
+        if not plan:
+            return call()
+        with self.turn:
+            self.step = step = _Step(session, plan)
+            self.owner = threading.get_ident()
+            failed = True
+            try:
+                result = call()
+                failed = False
+                return result
+            finally:
+                self.step = self.owner = None
+                step.finish(failed)
+
+
+_ATTRIBUTE = "_mpidist_v1_collectives"  # a graph's _Graph, kept on the graph (its ops refer to the graph)
+_ORIGINAL_RUN: Callable[..., Any] = tf.compat.v1.Session.run
+_ORIGINAL_MAKE_CALLABLE: Callable[..., Any] = tf.compat.v1.Session.make_callable
+_install_lock = threading.Lock()
+_installed = False
+
+
+def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Sequence[tf.DType],
+               where: str) -> tuple[list[tf.Tensor], Callable[[np.ndarray], np.int32]]:
+    """A collective op in the current v1 graph: ``body(*arrays)`` returns its outputs ``types``
+    (results, then an int32 status and a string message). Returns the outputs and the body of the
+    op that re-raises the body's exception where the status is ``RAISED``."""
+    _install()
+    graph = tf.compat.v1.get_default_graph()
+    state = getattr(graph, _ATTRIBUTE, None)
+    if state is None:
+        state = _Graph()
+        setattr(graph, _ATTRIBUTE, state)
+    index = len(state.collectives)
+    submitted = tf.numpy_function(functools.partial(state.submit, index), list(tensors), tf.int32,
+                                  stateful=True, name=name)
+    if in_v1_control_flow(submitted.op):
+        raise NotImplementedError(
+            f"{where}: a Horovod collective inside tf.compat.v1 control flow (control flow v1, after "
+            f"tf.compat.v1.disable_control_flow_v2() or disable_v2_behavior()) is not supported: it may run "
+            f"zero or many times in a step, and mpidist orders a step's collectives before it starts; "
+            f"keep control flow v2 (TensorFlow 2's default) or move the collective out of the cond/loop")
+    queue = tf.queue.FIFOQueue(1, list(types))
+    entry = _Collective(index, body, types, queue)
+    with tf.control_dependencies([submitted]):
+        outs = queue.dequeue()
+    state.collectives.append(entry)
+    state.by_op[submitted.op.name] = entry
+    return list(outs), entry.reraise
+
+
+def _install() -> None:
+    """Wrap ``Session.run`` and ``Session.make_callable`` (once): runs of graphs without mpidist v1
+    collectives go straight through."""
+    global _installed  # pylint: disable=global-statement
+    with _install_lock:
+        if _installed:
+            return
+        for cls in {tf.compat.v1.Session, tf.compat.v1.InteractiveSession}:
+            cls.run = _run
+            cls.make_callable = _make_callable
+        _installed = True
+
+
+@functools.wraps(_ORIGINAL_RUN)
+def _run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+    state = getattr(self.graph, _ATTRIBUTE, None)
+    call = functools.partial(_ORIGINAL_RUN, self, fetches, feed_dict, options, run_metadata)
+    if state is None or threading.current_thread().name == "mpidist-v1-collectives":
+        return call()
+    return state.ordered(self, fetches, list(feed_dict or ()), call)
+
+
+@functools.wraps(_ORIGINAL_MAKE_CALLABLE)
+def _make_callable(self: Any, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
+    made = _ORIGINAL_MAKE_CALLABLE(self, fetches, feed_list, accept_options)
+    state = getattr(self.graph, _ATTRIBUTE, None)
+    if state is None:
+        return made
+
+    @functools.wraps(made)
+    def ordered(*args: Any, **kwargs: Any) -> Any:
+        return state.ordered(self, fetches, list(feed_list or ()), functools.partial(made, *args, **kwargs))
+    return ordered
+
+
+def _leaves(structure: Any) -> Iterator[Any]:
+    """The fetches (or fed keys) of a run, as Session.run takes them: nested lists, tuples and dicts;
+    a SparseTensor or IndexedSlices is its component tensors."""
+    if isinstance(structure, dict):
+        for value in structure.values():
+            yield from _leaves(value)
+    elif isinstance(structure, (list, tuple)):
+        for value in structure:
+            yield from _leaves(value)
+    elif isinstance(structure, tf.SparseTensor):
+        yield from (structure.indices, structure.values, structure.dense_shape)
+    elif isinstance(structure, tf.IndexedSlices):
+        yield from (t for t in (structure.values, structure.indices, structure.dense_shape) if t is not None)
+    elif structure is not None:
+        yield structure
+
+
+def _element(graph: tf.Graph, x: Any, allow_operation: bool) -> Any:
+    return graph.as_graph_element(x, allow_tensor=True, allow_operation=allow_operation)
