@@ -1,6 +1,7 @@
 """Horovod collectives in ``tf.compat.v1`` graphs run by a Session: a run does the collectives its
 fetches need and no others, in one order on every rank (mpidist/horovod/tensorflow/sessions.py);
-TF1-style programs (placeholders, ``make_callable``) equal NumPy references.
+TF1-style programs (placeholders, ``make_callable``, ``MonitoredTrainingSession`` with
+``BroadcastGlobalVariablesHook`` and a ``tf.compat.v1.train`` optimizer) equal NumPy references.
 Errors raise on every rank, and the next run works."""
 from __future__ import annotations
 
@@ -111,3 +112,39 @@ def test_collective_inside_control_flow_v1_is_refused_when_built():
                 tf.cond(tf.constant(True), lambda: hvd.allreduce(tf.ones([2])), lambda: tf.ones([2]))
     finally:
         tf.compat.v1.enable_control_flow_v2()
+
+
+def test_monitored_training_session_with_the_broadcast_hook_equals_numpy():
+    """Horovod's TF1 recipe: DistributedOptimizer over tf.compat.v1's GradientDescentOptimizer,
+    placeholders fed each step, BroadcastGlobalVariablesHook(0) (the broadcast op is built after the
+    training op), StopAtStepHook. Every rank starts from rank 0's weights and ends with the weights
+    of plain gradient descent on the mean squared error of the global batch (NumPy)."""
+    me, n, batch, lr, steps = hvd.rank(), hvd.size(), 4, 0.05, 3
+    rng = np.random.default_rng(7)
+    xs = rng.normal(size=(steps, n * batch, 3)).astype(np.float32)
+    ys = rng.normal(size=(steps, n * batch, 1)).astype(np.float32)
+    w0 = np.random.default_rng(100).normal(size=(3, 1)).astype(np.float32)  # rank 0's initial weights
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        start = np.random.default_rng(100 + me).normal(size=(3, 1)).astype(np.float32)
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(start))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr))
+        train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        with tf.control_dependencies([train_op]):
+            updated = w.read_value()
+        hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.compat.v1.train.StopAtStepHook(last_step=steps)]
+        step = 0
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+            np.testing.assert_array_equal(sess.run(w), w0)
+            while not sess.should_stop():
+                rows = slice(me * batch, (me + 1) * batch)
+                final = sess.run(updated, {x: xs[step, rows], y: ys[step, rows]})
+                step += 1
+    expected = w0.astype(np.float64)
+    for s in range(steps):
+        grad = 2.0 / (n * batch) * xs[s].T.astype(np.float64) @ (xs[s] @ expected - ys[s])
+        expected = expected - lr * grad
+    assert step == steps
+    np.testing.assert_allclose(final, expected, rtol=1e-5, atol=1e-6)

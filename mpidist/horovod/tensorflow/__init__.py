@@ -31,6 +31,7 @@ from .basics import (
 )
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .gather import allgather, alltoall, broadcast, grouped_allgather
+from .hooks import BroadcastGlobalVariablesHook
 from .objects import allgather_object, broadcast_object, broadcast_object_fn
 from .ops_tensors import (
     cross_rank_op,
@@ -73,5 +74,6 @@ __all__ = [
     "broadcast_",
     "broadcast_object", "broadcast_object_fn", "allgather_object",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
+    "BroadcastGlobalVariablesHook",
     "elastic", "util",
 ]
