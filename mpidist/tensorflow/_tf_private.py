@@ -133,6 +133,7 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
     _TF + "data.ops.dataset_ops.DatasetV2": ("_as_serialized_graph",),
     _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint", "_maybe_delete"),
     _TF + "ops.resource_variable_ops.BaseResourceVariable": ("_as_graph_element",),  # what a v1 Session fetches
+    _TF + "client.session.BaseSession": ("_make_callable_from_options",),  # how tf_keras runs v1 graphs
 }
 
 
@@ -148,6 +149,19 @@ def make_session_fetchable(cls: type) -> None:
         return convert() if callable(convert) else None
 
     cls._as_graph_element = _as_graph_element  # type: ignore[attr-defined]  # pylint: disable=protected-access
+
+
+def wrap_session_callables(wrap: Any) -> None:
+    """Replace ``tf.compat.v1.Session``'s (and ``InteractiveSession``'s) ``_make_callable_from_options``
+    (how ``make_callable`` and tf_keras's v1 graph functions run a graph) by ``wrap(original)``."""
+    original = getattr(tf.compat.v1.Session, "_make_callable_from_options", None)
+    if not callable(original):
+        raise AttributeError(f"mpidist: this TensorFlow ({tf.__version__}) has no "
+                             f"Session._make_callable_from_options, a private name mpidist relies on "
+                             f"(tested with {TESTED_WITH}); install a tested TensorFlow version")
+    wrapped = wrap(original)
+    for cls in (tf.compat.v1.Session, tf.compat.v1.InteractiveSession):
+        cls._make_callable_from_options = wrapped  # pylint: disable=protected-access
 
 
 def container_strategy(extended: Any) -> Any:

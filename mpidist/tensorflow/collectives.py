@@ -73,6 +73,12 @@ def in_v1_control_flow(op: Any) -> bool:
     return _tf_private.in_v1_control_flow(op)
 
 
+def wrap_session_callables(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Give every v1 Session's callables (``make_callable``, tf_keras's graph functions) the
+    method ``wrap(original)`` in place of ``_make_callable_from_options`` (see _tf_private)."""
+    _tf_private.wrap_session_callables(wrap)
+
+
 def _to_wire(tensors: Sequence[Any]) -> tuple[list[tf.Tensor], list[tf.DType]]:
     """Tensors as the engine can take them; bfloat16 goes as float32."""
     wire, original = [], []

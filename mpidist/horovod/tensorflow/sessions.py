@@ -11,9 +11,10 @@ collective op does no communication itself:
 - a ``FIFOQueue`` dequeue after it waits for the result. A dequeue waits asynchronously: it holds
   none of TensorFlow's inter-op threads, so any number of collectives may wait at once (a Python
   op that waited would hold one, and a few of them would stop the step);
-- ``Session.run`` and ``Session.make_callable`` (wrapped when the first such op is built) work out
-  before the step which collectives its fetches need: the ops reached from the fetches through
-  inputs and control inputs, fed tensors cut, in creation order (a topological order: no
+- ``Session.run`` and the Session's callables (``_make_callable_from_options``, behind
+  ``make_callable`` and tf_keras's v1 graph functions; wrapped when the first such op is built)
+  work out before the step which collectives its fetches need: the ops reached from the fetches
+  through inputs and control inputs, fed tensors cut, in creation order (a topological order: no
   collective needs one made after it). Every rank builds the same graph and fetches the same
   things, so every rank gets the same list. A thread runs the list in that order, each collective
   once its inputs have arrived, and enqueues each result through the same session.
@@ -23,8 +24,8 @@ every rank: its status goes through the queue, the check after the dequeue raise
 abandons the step, and nothing later runs. When a step fails elsewhere, results nobody dequeued are
 drained before ``run`` returns, so the next step starts clean. A collective inside control flow v1
 (it could run zero or many times per step) is refused when it is built; a collective run outside
-``Session.run`` / ``make_callable`` (``partial_run``, TensorFlow-internal callables) raises instead
-of waiting. Runs of one graph that need collectives take turns (one at a time per graph).
+``Session.run`` and the Session's callables (``partial_run``) raises instead of waiting. Runs of
+one graph that need collectives take turns (one at a time per graph).
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ...tensorflow.collectives import in_v1_control_flow
+from ...tensorflow.collectives import in_v1_control_flow, wrap_session_callables
 
+_THREAD = "mpidist-v1-collectives"  # the name of the thread that runs a step's collectives
 RAISED = 2  # the status output of a collective whose body raised: the check re-raises it
 
 Body = Callable[..., list[Any]]  # the input arrays -> the outputs
@@ -95,7 +97,7 @@ class _Step:
         self._cond = threading.Condition()
         self._over = False
         self._enqueued: list[_Collective] = []
-        self._thread = threading.Thread(target=self._loop, name="mpidist-v1-collectives", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=_THREAD, daemon=True)
         self._thread.start()
 
     def submit(self, index: int, arrays: list[np.ndarray]) -> None:
@@ -103,8 +105,7 @@ class _Step:
             if index not in self._wanted or self._over:
                 raise RuntimeError(
                     "mpidist.horovod: a tf.compat.v1 collective ran that this Session.run did not plan "
-                    "(run through Session.run or Session.make_callable; partial_run and TensorFlow-internal "
-                    "callables are not supported)")
+                    "(run through Session.run or Session.make_callable; partial_run is not supported)")
             self._inputs[index] = arrays
             self._cond.notify_all()
 
@@ -182,8 +183,8 @@ class _Graph:
 
     def ordered(self, session: Any, fetches: Any, fed: Any, call: Callable[[], Any]) -> Any:
         """``call()`` (the session's run) with this graph's collectives run in order beside it."""
-        if self.owner == threading.get_ident():  # a run inside one being ordered (make_callable's own)
-            return call()
+        if self.owner == threading.get_ident() or threading.current_thread().name == _THREAD:
+            return call()  # a run inside one being ordered (make_callable's own), or the step's enqueues
         try:
             plan = self.plan(session.graph, fetches, fed)
         except (TypeError, ValueError, KeyError):  # not a graph element: TensorFlow's own error says so
@@ -205,7 +206,7 @@ class _Graph:
 
 _ATTRIBUTE = "_mpidist_v1_collectives"  # a graph's _Graph, kept on the graph (its ops refer to the graph)
 _ORIGINAL_RUN: Callable[..., Any] = tf.compat.v1.Session.run
-_ORIGINAL_MAKE_CALLABLE: Callable[..., Any] = tf.compat.v1.Session.make_callable
+_ORIGINAL_MAKE_CALLABLE: Callable[..., Any] = tf.compat.v1.Session.make_callable  # our enqueue callables
 _install_lock = threading.Lock()
 _installed = False
 
@@ -240,7 +241,7 @@ def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Seque
 
 
 def _install() -> None:
-    """Wrap ``Session.run`` and ``Session.make_callable`` (once): runs of graphs without mpidist v1
+    """Wrap ``Session.run`` and the Session's callables (once): runs of graphs without mpidist v1
     collectives go straight through."""
     global _installed  # pylint: disable=global-statement
     with _install_lock:
@@ -248,7 +249,7 @@ def _install() -> None:
             return
         for cls in {tf.compat.v1.Session, tf.compat.v1.InteractiveSession}:
             cls.run = _run
-            cls.make_callable = _make_callable
+        wrap_session_callables(_callables_ordered)
         _installed = True
 
 
@@ -256,22 +257,28 @@ def _install() -> None:
 def _run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
     state = getattr(self.graph, _ATTRIBUTE, None)
     call = functools.partial(_ORIGINAL_RUN, self, fetches, feed_dict, options, run_metadata)
-    if state is None or threading.current_thread().name == "mpidist-v1-collectives":
+    if state is None:
         return call()
     return state.ordered(self, fetches, list(feed_dict or ()), call)
 
 
-@functools.wraps(_ORIGINAL_MAKE_CALLABLE)
-def _make_callable(self: Any, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
-    made = _ORIGINAL_MAKE_CALLABLE(self, fetches, feed_list, accept_options)
-    state = getattr(self.graph, _ATTRIBUTE, None)
-    if state is None:
-        return made
+def _callables_ordered(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Session._make_callable_from_options`` whose callables run their collectives in order: what
+    ``make_callable`` and tf_keras's v1 graph functions call (fetches and feeds by name)."""
+    @functools.wraps(original)
+    def make(self: Any, callable_options: Any) -> Any:
+        made = original(self, callable_options)
+        state = getattr(self.graph, _ATTRIBUTE, None)
+        if state is None:
+            return made
+        fetches = list(callable_options.fetch) + list(callable_options.target)
+        fed = list(callable_options.feed)
 
-    @functools.wraps(made)
-    def ordered(*args: Any, **kwargs: Any) -> Any:
-        return state.ordered(self, fetches, list(feed_list or ()), functools.partial(made, *args, **kwargs))
-    return ordered
+        @functools.wraps(made)
+        def ordered(*args: Any, **kwargs: Any) -> Any:
+            return state.ordered(self, fetches, fed, functools.partial(made, *args, **kwargs))
+        return ordered
+    return make
 
 
 def _leaves(structure: Any) -> Iterator[Any]:

@@ -68,10 +68,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.broadcast_done:
             return
         shared = [v for v in self.model.variables if id(v) not in self.local_ids]
-        broadcast_variables(shared, self.root_rank, process_set=self.process_set)
+        _run_in_graph(broadcast_variables(shared, self.root_rank, process_set=self.process_set))
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", False):
-            broadcast_variables(shared_variables(optimizer), self.root_rank, process_set=self.process_set)
+            _run_in_graph(broadcast_variables(shared_variables(optimizer), self.root_rank,
+                                              process_set=self.process_set))
         self.broadcast_done = True
 
 
@@ -93,6 +94,13 @@ class MetricAverageCallback(keras.callbacks.Callback):
         averaged = joins.allreduce(engine, values, "mean")
         for k, v in zip(names, np.asarray(averaged).tolist()):
             logs[k] = v
+
+
+def _run_in_graph(op: Any) -> None:
+    """Run ``op`` in Keras's session where Keras runs v1 graphs (tf_keras after
+    ``tf.compat.v1.disable_eager_execution()``); eagerly ``op`` is None: the work is done."""
+    if op is not None and not tf.executing_eagerly():
+        tf.compat.v1.keras.backend.get_session().run(op)
 
 
 def _is_keras_variable(var: Any) -> bool:
