@@ -122,7 +122,15 @@ def _get_lr(optimizer: Any) -> float:
     lr = optimizer.learning_rate
     if callable(lr) and not hasattr(lr, "numpy") and not hasattr(lr, "value"):  # a legacy optimizer's schedule
         lr = lr(optimizer.iterations)
-    return float(np.asarray(lr))
+    return _value(lr)
+
+
+def _value(x: Any) -> float:
+    """A variable's or tensor's value, eagerly or in a v1 graph (tf_keras after
+    ``disable_eager_execution()``: read in Keras's session)."""
+    if tf.executing_eagerly() or not isinstance(x, (tf.Variable, tf.Tensor)):
+        return float(np.asarray(x))
+    return float(tf.compat.v1.keras.backend.get_value(x))
 
 
 def _has_momentum(optimizer: Any, where: str) -> Any:
@@ -130,7 +138,7 @@ def _has_momentum(optimizer: Any, where: str) -> Any:
     "hyper" (a legacy Keras 2 optimizer's momentum variable) or False."""
     momentum = getattr(optimizer, "momentum", None)
     if isinstance(momentum, tf.Variable) and flavor.keras2_optimizer_kind(optimizer) == "legacy":
-        return "hyper" if float(momentum.numpy()) != 0 else False
+        return "hyper" if _value(momentum) != 0 else False
     if not isinstance(momentum, (int, float)) or isinstance(momentum, bool) or momentum == 0:
         return False
     if not flavor.is_sgd(optimizer):
@@ -166,7 +174,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         old, new = _get_lr(optimizer), initial_lr * self.multiplier(epoch)
         _set_lr(optimizer, new, type(self).__name__)
         if self.correct_momentum == "hyper" and old != 0:  # Horovod's own: for this batch only
-            self.restore_momentum = float(optimizer.momentum.numpy())
+            self.restore_momentum = _value(optimizer.momentum)
             optimizer.momentum = self.restore_momentum * new / old
         elif self.correct_momentum and old != 0 and new != old:
             for velocity in getattr(optimizer, "momentums", None) or []:  # none before the first step
@@ -183,7 +191,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.initial_lr is None:
             self.initial_lr = _get_lr(self.model.optimizer)
         if not self.staircase and not self.steps_per_epoch:
-            steps = (self.params or {}).get("steps")
+            params = self.params or {}
+            steps = params.get("steps")
+            if not steps and params.get("samples") and params.get("batch_size"):  # Keras 2's v1 graph loop
+                steps = params["samples"] // params["batch_size"]  # as Horovod counts them
             if not steps:
                 raise ValueError(f"{type(self).__name__}: could not tell the steps per epoch; pass `steps_per_epoch`")
             self.steps_per_epoch = steps
