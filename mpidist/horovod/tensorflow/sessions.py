@@ -145,8 +145,7 @@ class _Graph:
     """The v1 collectives of one graph and the step running them."""
 
     def __init__(self) -> None:
-        self.collectives: list[_Collective] = []
-        self.by_op: dict[str, _Collective] = {}
+        self.by_op: dict[str, _Collective] = {}  # the submit op's name -> its collective
         self.plans: dict[Any, list[_Collective]] = {}
         self.turn = threading.Lock()
         self.step: _Step | None = None
@@ -164,7 +163,7 @@ class _Graph:
         """The collectives a run of ``fetches`` with ``fed`` fed needs, in creation order."""
         targets = [_element(graph, x, True) for x in _leaves(fetches)]
         cut = {_element(graph, x, False).name for x in _leaves(fed)}
-        key = (tuple(t.name for t in targets), frozenset(cut), len(self.collectives))
+        key = (tuple(t.name for t in targets), frozenset(cut), len(self.by_op))
         if key not in self.plans:
             seen: set[str] = set()
             stack = [t if isinstance(t, tf.Operation) else t.op for t in targets]
@@ -222,7 +221,7 @@ def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Seque
     if state is None:
         state = _Graph()
         setattr(graph, _ATTRIBUTE, state)
-    index = len(state.collectives)
+    index = len(state.by_op)
     submitted = tf.numpy_function(functools.partial(state.submit, index), list(tensors), tf.int32,
                                   stateful=True, name=name)
     if in_v1_control_flow(submitted.op):
@@ -235,7 +234,6 @@ def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Seque
     entry = _Collective(index, body, types, queue)
     with tf.control_dependencies([submitted]):
         outs = queue.dequeue()
-    state.collectives.append(entry)
     state.by_op[submitted.op.name] = entry
     return list(outs), entry.reraise
 
