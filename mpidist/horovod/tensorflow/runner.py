@@ -151,10 +151,9 @@ def _checked(outs: list[tf.Tensor], reraise: Callable[[np.ndarray], np.int32] | 
     prunes the failing branch's file read, and nothing raises.)"""
     status, message = outs[-2], outs[-1]
 
-    def failed() -> tf.Tensor:
-        if reraise is None:
-            return _raise_failed_precondition(message)
-        with tf.control_dependencies([tf.numpy_function(reraise, [status], tf.int32, stateful=True)]):
+    def failed() -> tf.Tensor:  # reraise's op raises first where it has the error
+        first = [] if reraise is None else [tf.numpy_function(reraise, [status], tf.int32, stateful=True)]
+        with tf.control_dependencies(first):
             return _raise_failed_precondition(message)
     check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), failed)
     with tf.control_dependencies([check]):
