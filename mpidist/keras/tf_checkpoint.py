@@ -1,6 +1,7 @@
-"""``tf.train.Checkpoint.save`` / ``write`` and ``tf.train.CheckpointManager.save`` under an mpidist
-strategy of several ranks: whichever ranks call them (every rank, to one path or paths of its own,
-or the chief alone), one complete copy where each rank expects it, never a hang.
+"""``tf.train.Checkpoint.save`` / ``write``, ``tf.train.CheckpointManager.save`` and
+``tf.saved_model.save`` under an mpidist strategy of several ranks: whichever ranks call them (every
+rank, to one path or paths of its own, or the chief alone), one complete copy where each rank
+expects it, never a hang.
 
 Patched, they become ``mpidist.tensorflow.checkpoint.save`` / ``write`` / ``save_manager`` (see that
 module and mpidist/collectives/notices.py): the chief writes and tells the others; a rank that
@@ -9,11 +10,19 @@ manager's list of checkpoints become the chief's); a rank that names a path of i
 Every rank saving one shared directory with TensorFlow's own code races (a rank finds another's
 ``ckpt-1_temp`` gone); here it does not.
 
+``tf.saved_model.save`` (also what Keras 3's ``model.export`` calls) becomes one ``save_once`` of
+the export directory: the chief writes it in place (a directory: not atomically), a rank naming the
+same directory returns once it is complete (every rank writing it raced: NotFoundError in
+MergeV2Checkpoints), and sync-on-read variables in what is saved are aggregated first (so such a
+save must be made on every rank).
+
 A checkpoint belongs to a strategy when it is saved inside that strategy's scope, or when one of
-the objects it was given (a Keras model or optimizer) was built in that strategy's scope.
+the objects it was given (a Keras model or optimizer) was built in that strategy's scope; an object
+given to ``tf.saved_model.save`` likewise, or when it was built there itself.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from ..tensorflow import _tf_private, checkpoint
@@ -25,7 +34,7 @@ def strategy_of(ckpt: Any) -> Any:
     import tensorflow as tf
     if tf.distribute.has_strategy():
         return patching.multi_rank(tf.distribute.get_strategy())
-    for child_strategy in patching.child_strategies(ckpt):
+    for child_strategy in [patching.built_under(ckpt), *patching.child_strategies(ckpt)]:
         found = patching.multi_rank(child_strategy)
         if found is not None:
             return found
@@ -63,8 +72,24 @@ def _manager_save(original: Callable[..., Any]) -> Callable[..., Any]:
     return save
 
 
+def _saved_model_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save(obj: Any, export_dir: Any, *args: Any, **kwargs: Any) -> Any:
+        # inside a save (Keras 2's model.save of a SavedModel, a callback's): the caller decided who writes
+        strategy = None if checkpoint.inside_save() else strategy_of(obj)
+        if strategy is None or not isinstance(export_dir, (str, os.PathLike)):
+            return original(obj, export_dir, *args, **kwargs)
+        return checkpoint.save_once(strategy, "tf.saved_model.save", export_dir,
+                                    lambda: original(obj, export_dir, *args, **kwargs), trackable=obj)[0]
+    return save
+
+
 def install() -> None:
     import tensorflow as tf
     patching.patch(tf.train.Checkpoint, "save", _routed(checkpoint.save))
     patching.patch(tf.train.Checkpoint, "write", _routed(checkpoint.write))
     patching.patch(tf.train.CheckpointManager, "save", _manager_save)
+    saved_model_save = patching.original(tf.saved_model, "save")
+    patching.patch(tf.saved_model, "save", _saved_model_save)
+    v2 = tf.compat.v2.saved_model
+    if v2 is not tf.saved_model and getattr(v2, "save", None) is saved_model_save:
+        patching.patch(v2, "save", _saved_model_save)

@@ -5,8 +5,9 @@
   same on every rank since every rank builds the same model), whatever its dtype (float,
   integer, bool), as TensorFlow's MultiWorkerMirroredStrategy does. Exceptions, whose initial
   values are equal everywhere by construction and which some programs create on one rank only:
-  values restored from a checkpoint, and ``tf.train.Checkpoint``'s ``save_counter`` (created by
-  the first ``save``, which programs may call on the chief alone).
+  values restored from a checkpoint, variables a SavedModel load creates without an initial value
+  (restored from the files next), and ``tf.train.Checkpoint``'s ``save_counter`` (created by the
+  first ``save``, which programs may call on the chief alone).
 - ``synchronization=ON_READ`` variables (what Keras metrics are made of) become TensorFlow's
   SyncOnReadVariable with this rank's variable as the only component: updates in a replica
   context stay local, reads in cross-replica context aggregate over ranks (SUM / MEAN /
@@ -71,7 +72,10 @@ def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: A
             variable = next_creator(**kwargs)
         return _tf_private.make_sync_on_read(extended.container_strategy(), variable, aggregation)
     kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE  # what TensorFlow reports for AUTO
-    if extended.engine.size > 1 and not _tf_private.is_checkpoint_initial_value(kwargs.get("initial_value")):
+    initial_value = kwargs.get("initial_value")
+    # None: a variable a SavedModel load creates uninitialized and then restores (the same on every rank)
+    if extended.engine.size > 1 and initial_value is not None \
+            and not _tf_private.is_checkpoint_initial_value(initial_value):
         kwargs["initial_value"] = _broadcast_initial_value(extended, kwargs)
     with extended.device_scope():
         variable = next_creator(**kwargs)

@@ -1,6 +1,7 @@
-"""tf.train.Checkpoint.save / write and CheckpointManager.save called by every rank on one shared
-directory under an mpidist strategy: one writer, the same path on every rank, restorable everywhere
-(without the patch the ranks race: NotFoundError on ckpt-1_temp)."""
+"""tf.train.Checkpoint.save / write, CheckpointManager.save and tf.saved_model.save called by every
+rank on one shared directory under an mpidist strategy: one writer, the same path on every rank,
+restorable everywhere (without the patch the ranks race: NotFoundError on ckpt-1_temp, or in
+MergeV2Checkpoints for a SavedModel)."""
 from __future__ import annotations
 
 import os
@@ -70,3 +71,65 @@ def test_unrelated_checkpoint_is_tensorflows_own(strategy, comm):
         assert path.startswith(private) and os.path.exists(path + ".index")
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+class _Scaler(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = tf.Variable(tf.random.normal([3]))  # rank 0's draw, broadcast at creation
+
+    @tf.function(input_signature=[tf.TensorSpec([3])])
+    def __call__(self, x):
+        return x * self.scale
+
+
+@pytest.mark.parametrize("what", ["module", "keras_model", "keras_export"])
+def test_saved_model_saved_by_every_rank_to_one_directory(strategy, comm, shared_dir, what):
+    """``tf.saved_model.save`` (and Keras 3's ``model.export``, which calls it) on every rank to one
+    directory: written once, by the chief; it loads on every rank, in the strategy's scope too."""
+    path = os.path.join(shared_dir, "exported")
+    x = np.arange(3, dtype=np.float32)
+    if what == "module":
+        with strategy.scope():
+            obj = _Scaler()
+        expected = (x * obj.scale.numpy()).tolist()
+        tf.saved_model.save(obj, path)
+    else:
+        with strategy.scope():
+            obj = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            obj.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+        obj.fit(np.ones((8, 3)), np.zeros((8, 2)), batch_size=8, verbose=0)
+        expected = obj(x[None]).numpy().ravel().tolist()
+        if what == "keras_model":
+            tf.saved_model.save(obj, path)
+        else:
+            obj.export(path, verbose=False)
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
+    for in_scope in (True, False):
+        if in_scope:
+            with strategy.scope():
+                loaded = tf.saved_model.load(path)
+        else:
+            loaded = tf.saved_model.load(path)
+        if what == "module":
+            got = loaded(x)
+        elif what == "keras_model":
+            got = loaded.signatures["serving_default"](tf.constant(x[None]))["output_0"]
+        else:
+            got = loaded.serve(x[None])
+        got = got.numpy().ravel().tolist()
+        np.testing.assert_allclose(same_everywhere(comm, got), expected, rtol=1e-6)
+    comm.Barrier()
+    assert not [f for f in os.listdir(shared_dir) if "temp" in f or "mpidist-tmp" in f]
+
+
+def test_saved_model_saved_by_the_chief_alone(strategy, comm, shared_dir):
+    """``if chief: tf.saved_model.save(...)``: the chief writes without waiting for anyone."""
+    with strategy.scope():
+        obj = _Scaler()
+    path = os.path.join(shared_dir, "chief")
+    if comm.Get_rank() == 0:
+        tf.saved_model.save(obj, path)
+    comm.Barrier()
+    loaded = tf.saved_model.load(path)
+    np.testing.assert_array_equal(loaded.scale.numpy(), obj.scale.numpy())
