@@ -15,9 +15,11 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
   ranks save (every rank to one path or to paths of their own, or the chief alone).
 
 ``patching.installed()`` lists the patches in place. Keras 2 (tf_keras: ``tf.keras`` under
-``TF_USE_LEGACY_KERAS=1``, or tf_keras imported by the program) gets ``predict`` and ``shuffle``;
-its own multi-worker code already keeps ModelCheckpoint and TensorBoard writes to the chief
-(``extended.should_checkpoint``), and ``flavor`` tells which Keras a program uses.
+``TF_USE_LEGACY_KERAS=1``, or tf_keras imported by the program) gets ``predict``, ``shuffle``,
+``files`` (its saving functions) and, of ``callbacks``, CSVLogger and BackupAndRestore (accepted
+under mpidist's strategies); its own multi-worker code already keeps ModelCheckpoint and
+TensorBoard writes to the chief (``extended.should_checkpoint``), and ``flavor`` tells which Keras
+a program uses.
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ def _install() -> None:
     from . import flavor, tf_checkpoint
     tf_checkpoint.install()
     if flavor.is_keras2() or "tf_keras" in sys.modules:
-        from . import callbacks, predict, shuffle
+        from . import callbacks, files, predict, shuffle
+        files.install_keras2()
         callbacks.install_keras2()
         predict.install_keras2()
         shuffle.install_keras2()

@@ -166,6 +166,23 @@ def install() -> None:
     patching.patch(CSVLogger, "on_train_begin", _csv_begin)
 
 
+def _keras2_backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+    def on_train_begin(self: Any, logs: Any = None) -> Any:
+        strategy = patching.built_under(self.model)
+        if patching.is_mpidist(strategy):
+            supported = patching.get_private(self, "_supported_strategies")
+            if not isinstance(strategy, supported):
+                patching.set_private(self, "_supported_strategies", (*supported, type(strategy)))
+        return original(self, logs)
+    return on_train_begin
+
+
 def install_keras2() -> None:
-    """tf_keras's CSVLogger (same attributes as Keras 3's): the chief writes the file."""
-    patching.patch(patching.tf_keras_internal("callbacks").CSVLogger, "on_train_begin", _csv_begin)
+    """tf_keras's CSVLogger (same attributes as Keras 3's): the chief writes the file. tf_keras's
+    BackupAndRestore accepts mpidist's strategies (it refuses every strategy but TensorFlow's own);
+    its files are then tf_keras's own multi-worker ones: the chief writes ``backup_dir/chief``
+    through ``tf.train.CheckpointManager`` (one writer, atomically: ``tf_checkpoint``), the other
+    ranks write temporary directories they remove, and every rank restores the chief's backup."""
+    module = patching.tf_keras_internal("callbacks")
+    patching.patch(module.CSVLogger, "on_train_begin", _csv_begin)
+    patching.patch(module.BackupAndRestore, "on_train_begin", _keras2_backup_begin)

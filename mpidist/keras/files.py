@@ -8,6 +8,15 @@ written once, by one rank, and a rank that saves the chief's path returns once t
 complete. Every such write is atomic (``mpidist.files.write_atomically``: a temporary name in the
 same directory, fsync'ed, then renamed), so a reader never sees a half-written file and a write
 killed midway leaves the previous file intact.
+
+Keras 2 (tf_keras, ``install_keras2``): its ``saving_api.save_model`` / ``save_weights`` (what
+``Model.save`` / ``save_weights`` and ``tf.keras.models.save_model`` call) the same way, with two
+differences of Keras 2's formats: a SavedModel directory or a TensorFlow checkpoint prefix (the
+default when the name has no ``.keras`` / ``.h5`` ending) is written in place, by the one writer,
+not atomically; and Keras 2 saves a compiled model's metrics, whose variables are sync-on-read, so
+such a save must be made on every rank (each may name its own path, as TensorFlow's tutorial
+does): saved by the chief alone it is an error on every rank naming that rule
+(``mpidist.tensorflow.checkpoint``), where it used to leave the chief in a collective alone.
 """
 from __future__ import annotations
 
@@ -41,7 +50,8 @@ def write_atomically(path: Any, write: Callable[[str], Any]) -> Any:
     return files.write_atomically(path, write, temporary=temporary_name(path))
 
 
-def _saving(kind: str) -> Callable[[Any], Callable[..., Any]]:
+def _saving(kind: str, keras2: bool = False) -> Callable[[Any], Callable[..., Any]]:
+    """The patch of one saving function; ``keras2``: tf_keras's (see the module docstring)."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
             strategy = patching.model_strategy(model)
@@ -49,13 +59,22 @@ def _saving(kind: str) -> Callable[[Any], Callable[..., Any]]:
                 return original(model, filepath, *args, **kwargs)
 
             def write() -> Any:
+                if keras2 and not _keras2_single_file(filepath, kwargs.get("save_format")):
+                    return original(model, filepath, *args, **kwargs)  # a directory or a checkpoint prefix
                 return write_atomically(filepath, lambda tmp: original(model, tmp, *args, **kwargs))
 
             if checkpoint.inside_save():  # a callback's save: the callback decided who writes
                 return write()
-            return checkpoint.save_once(strategy, kind, filepath, write)[0]
+            # Keras 2 saves the compiled metrics too (not checkpoint dependencies of the model)
+            saved = [model, *getattr(model, "metrics", ())] if keras2 else None
+            return checkpoint.save_once(strategy, kind, filepath, write, trackable=saved)[0]
         return save
     return make
+
+
+def _keras2_single_file(filepath: Any, save_format: Any) -> bool:
+    """Whether tf_keras writes ``filepath`` as one file (``.keras``, ``.h5``: named by its ending)."""
+    return save_format in (None, "h5", "keras") and os.fspath(filepath).endswith((".keras", ".h5", ".hdf5"))
 
 
 def install() -> None:
@@ -68,3 +87,20 @@ def install() -> None:
                                   (keras.saving, "save_weights", save_weights)):
         if getattr(namespace, name, None) is patching.original(saving_api, name):
             patching.patch(namespace, name, make)
+
+
+def install_keras2() -> None:
+    import tensorflow as tf
+    import tf_keras
+    saving_api = patching.tf_keras_internal("saving_api")
+    save_model = _saving("keras.saving.save_model", keras2=True)
+    save_weights = _saving("keras.saving.save_weights", keras2=True)
+    patching.patch(saving_api, "save_model", save_model)  # what Model.save calls
+    patching.patch(saving_api, "save_weights", save_weights)  # what Model.save_weights calls
+    # the public names of save_model: tf_keras's, and tf.keras's where tf.keras is tf_keras (its own modules)
+    namespaces = [tf_keras.models, tf_keras.saving]
+    if getattr(tf.keras, "__name__", "").startswith("tf_keras"):
+        namespaces += [tf.keras.models, tf.keras.saving]
+    for namespace in namespaces:
+        if getattr(namespace, "save_model", None) is patching.original(saving_api, "save_model"):
+            patching.patch(namespace, "save_model", save_model)

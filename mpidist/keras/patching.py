@@ -19,7 +19,8 @@ _PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) 
 TF_KERAS_INTERNALS = {
     "training": "tf_keras.src.engine.training",  # reduce_per_replica: predict's "concat" of replicas
     "data_adapter": "tf_keras.src.engine.data_adapter",  # TensorLikeDataAdapter: fit(shuffle=True)'s permutation
-    "callbacks": "tf_keras.src.callbacks",  # CSVLogger: the chief writes the file
+    "callbacks": "tf_keras.src.callbacks",  # CSVLogger, BackupAndRestore
+    "saving_api": "tf_keras.src.saving.saving_api",  # save_model / save_weights: one writer per path
 }
 
 
@@ -49,6 +50,7 @@ KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
     "keras.src.optimizers.base_optimizer.BaseOptimizer": ("_trainable_variables",),  # DistributedOptimizer
     "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": ("_distribute_strategy",),  # a model's strategy
     "tf_keras.src.engine.training.Model": ("_distribution_strategy",),  # a tf_keras model's strategy
+    "tf_keras.src.callbacks.BackupAndRestore": ("_supported_strategies",),  # mpidist's added: it refuses others
     "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2": ("_compute_gradients",),  # overridden: allreduces
 }
 
@@ -130,10 +132,15 @@ def installed() -> list[str]:
     return sorted(out)
 
 
+def is_mpidist(strategy: Any) -> bool:
+    """Whether ``strategy`` is an mpidist ``tf.distribute.Strategy`` (of any number of ranks)."""
+    from ..tensorflow.strategy import MPIStrategy
+    return isinstance(strategy, MPIStrategy)
+
+
 def multi_rank(strategy: Any) -> Any:
     """``strategy`` if it is an mpidist ``tf.distribute.Strategy`` of more than one rank, else None."""
-    from ..tensorflow.strategy import MPIStrategy
-    if isinstance(strategy, MPIStrategy) and strategy.num_replicas_in_sync > 1:
+    if is_mpidist(strategy) and strategy.num_replicas_in_sync > 1:
         return strategy
     return None
 

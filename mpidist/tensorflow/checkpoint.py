@@ -63,11 +63,13 @@ def key_of(path: Any) -> str:
 
 
 def sync_on_read_in(strategy: MPIStrategy, trackable: Any) -> list[Any]:
-    """The SUM / MEAN sync-on-read variables of ``strategy`` that saving ``trackable`` writes."""
+    """The SUM / MEAN sync-on-read variables of ``strategy`` that saving ``trackable`` (or each of a
+    list or tuple of trackables) writes."""
     if trackable is None:
         return []
+    roots = trackable if isinstance(trackable, (list, tuple)) else [trackable]
     found, seen = [], set()
-    for node in tf.train.TrackableView(trackable).descendants():
+    for node in (n for root in roots for n in tf.train.TrackableView(root).descendants()):
         for obj in _variables_of(node):
             if (_tf_private.is_sync_on_read(obj) and id(obj) not in seen
                     and _tf_private.owning_strategy(obj) is strategy

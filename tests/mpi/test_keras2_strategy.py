@@ -304,3 +304,101 @@ def test_csv_logger_rows_written_once(eng, comm, shared_dir):
     with open(path) as f:
         lines = f.read().splitlines()
     assert lines[0].startswith("epoch") and [ln.split(",")[0] for ln in lines[1:]] == ["0", "1", "2"], lines
+
+
+def fitted_model(eng, seed):
+    """A model built, compiled (with metrics: Keras 2 saves their sync-on-read variables) and fitted
+    under a multi-worker strategy."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, y = dataset_arrays(32, seed=seed)
+    with strategy.scope():
+        model = build_model("sgd")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
+    return strategy, model
+
+
+@pytest.mark.parametrize("name, how", [
+    ("saved_model", "save"),  # Keras 2's default: a SavedModel directory
+    ("model.h5", "save"), ("model.keras", "save"), ("keras_save_model.keras", "save_model"),
+    ("weights.weights.h5", "save_weights"), ("weights.h5", "save_weights"),
+    ("weights", "save_weights"),  # a TensorFlow checkpoint prefix
+])
+def test_every_rank_saving_one_path_writes_it_once(eng, comm, shared_dir, name, how):
+    """``model.save`` / ``save_weights`` / ``tf.keras.models.save_model`` on every rank to one path
+    (TensorFlow's own code makes every rank write it: SavedModel directories and HDF5 files then
+    collide): the chief writes it, the others return once it is complete; the files load, in the
+    strategy's scope too, to the saved weights."""
+    strategy, model = fitted_model(eng, seed=7)
+    path = os.path.join(shared_dir, name)
+    {"save": model.save, "save_weights": model.save_weights,
+     "save_model": lambda p: keras.models.save_model(model, p)}[how](path)
+    assert os.path.exists(path if how != "save_weights" or "." in name else path + ".index")
+    expected = model.get_weights()
+    with strategy.scope():
+        if how == "save_weights":
+            loaded = build_model("sgd")
+            loaded.load_weights(path)
+        else:
+            loaded = keras.models.load_model(path)
+    assert_close(loaded.get_weights(), expected, tol=0)
+    comm.Barrier()
+    assert not [f for f in os.listdir(shared_dir) if "mpidist-tmp" in f]
+
+
+def test_a_save_on_the_chief_alone_is_an_error_on_every_rank(eng, comm, shared_dir):
+    """Keras 2 saves a compiled model's metrics, whose saved value is their sum over ranks: a
+    ``model.save`` on the chief alone cannot work; it raises on the chief naming the rule and the
+    others' next collective raises the same mismatch, instead of the chief waiting alone; the ranks
+    are then in step. With one rank the save simply works."""
+    from mpidist.errors import CollectiveMismatchError
+    strategy, model = fitted_model(eng, seed=8)
+    path = os.path.join(shared_dir, "chief.keras")
+    if comm.Get_size() == 1:
+        model.save(path)
+        assert os.path.exists(path)
+        return
+    if comm.Get_rank() == 0:
+        with pytest.raises(ValueError, match="call this save on every rank"):
+            model.save(path)
+    else:
+        with pytest.raises(CollectiveMismatchError, match="save of sync-on-read variables: every rank must make it"):
+            strategy.reduce("SUM", tf.ones([2]), axis=None)
+    assert not os.path.exists(path)
+    total = strategy.reduce("SUM", tf.fill([2], float(comm.Get_rank() + 1)), axis=None)
+    np.testing.assert_array_equal(total.numpy(), [comm.Get_size() * (comm.Get_size() + 1) / 2] * 2)
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise RuntimeError("interrupted at epoch 2")
+
+
+@pytest.mark.parametrize("save_freq", ["epoch", 2])
+def test_backup_and_restore_resumes_where_training_stopped(eng, comm, shared_dir, save_freq):
+    """tf_keras's BackupAndRestore (it refuses strategies other than TensorFlow's; mpidist's are
+    accepted): training interrupted on every rank at the start of epoch 2 resumes there and ends
+    with the weights of one process's uninterrupted training; the backup is removed at the end."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    x, y = dataset_arrays(64, seed=9)
+    with strategy.scope():
+        model = build_model("sgd")
+    initial = model.get_weights()
+    backup = os.path.join(shared_dir, "backup")
+    fit = dict(batch_size=GLOBAL_BATCH, epochs=4, verbose=0, shuffle=False)
+    with pytest.raises(RuntimeError, match="interrupted at epoch 2"):
+        model.fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=save_freq), _Interrupt()])
+    assert os.listdir(os.path.join(backup, "chief"))
+    history = model.fit(x, y, **fit, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=save_freq)])
+    assert history.epoch == [2, 3]
+
+    def single_process():
+        reference = build_model("sgd")
+        reference.set_weights(initial)
+        reference.fit(x, y, **fit)
+        return reference.get_weights()
+
+    assert_same_on_every_rank(comm, model.get_weights())
+    assert_close(model.get_weights(), on_chief(comm, single_process))
+    comm.Barrier()
+    assert not os.path.exists(os.path.join(backup, "chief"))

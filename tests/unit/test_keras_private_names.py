@@ -53,6 +53,11 @@ def _tf_keras_model(tmp_path):
     return tf_keras.Sequential([tf_keras.layers.Dense(1)])
 
 
+def _tf_keras_backup_and_restore(tmp_path):
+    import tf_keras
+    return tf_keras.callbacks.BackupAndRestore(backup_dir=str(tmp_path / "tf_keras_backup"))
+
+
 def _mirrored_variable(tmp_path):
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         return tf.Variable(1.0)
@@ -69,6 +74,7 @@ SAMPLES = {  # class (a table's key) -> an instance of it, for the names set on 
     "keras.src.optimizers.base_optimizer.BaseOptimizer": _keras_optimizer,
     "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": _keras_model,
     "tf_keras.src.engine.training.Model": _tf_keras_model,
+    "tf_keras.src.callbacks.BackupAndRestore": _tf_keras_backup_and_restore,
     _TF + "distribute.values.DistributedValues": _mirrored_variable,
     _TF + "distribute.values.DistributedVariable": _mirrored_variable,
     _TF + "checkpoint.checkpoint_management.CheckpointManager": _checkpoint_manager,

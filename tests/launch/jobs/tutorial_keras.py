@@ -10,7 +10,10 @@ Parts (each rank writes its weights after each part to DIR/<part>.<rank>.npy):
                temporary directory they delete), restored from the chief's latest, training goes on
   backup       BackupAndRestore(DIR/backup): training interrupted at epoch 2 on every rank, resumed
   backup_steps BackupAndRestore(DIR/backup, save_freq=2): backups every 2 batches
-  chief_only   a ModelCheckpoint callback on rank 0 only (as Horovod programs add it)
+  chief_only   a ModelCheckpoint callback on rank 0 only (as Horovod programs add it); Keras 3 only:
+               Keras 2 (TF_USE_LEGACY_KERAS=1) saves the metrics' sync-on-read variables, whose
+               saved value is their sum over ranks, so there a save on one rank is an error
+The same program runs under Keras 2 (tf_keras), the Keras the tutorial was written for.
 """
 import os
 import sys
@@ -137,6 +140,11 @@ with strategy.scope():
     multi_worker_model = build_and_compile_cnn_model()
 multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=STEPS, verbose=0, callbacks=callbacks)
 record("backup_steps", multi_worker_model)
+
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # Keras 2: no chief_only part (see the docstring)
+    print(f"rank {task_id}: files {sorted(os.listdir(out_dir))}", flush=True)
+    print(f"rank {task_id}: finished", flush=True)
+    sys.exit(0)
 
 # -- Horovod's way: a checkpoint callback on rank 0 only
 chief_path = os.path.join(out_dir, "chief-only.weights.h5")
