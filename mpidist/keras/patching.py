@@ -52,6 +52,8 @@ KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
     "tf_keras.src.engine.training.Model": ("_distribution_strategy",),  # a tf_keras model's strategy
     "tf_keras.src.callbacks.BackupAndRestore": ("_supported_strategies",),  # mpidist's added: it refuses others
     "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2": ("_compute_gradients",),  # overridden: allreduces
+    "tf_keras.src.layers.normalization.batch_normalization.BatchNormalizationBase": (
+        "_calculate_mean_and_var",),  # overridden by hvd.SyncBatchNormalization (Keras 2)
 }
 
 

@@ -238,3 +238,64 @@ def test_elastic_keras_state_sync_commit_restore():
         return value + 1
 
     assert train(state, 1) == 2 and calls == [(10, 1)]
+
+
+def _bn_rows(rank, count, shape, seed=0):
+    rng = np.random.default_rng([seed, rank])
+    return (rng.standard_normal((count,) + shape) * (rank + 1) + rank).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("shape, uneven", [((2, 3), False), ((2, 3), True), ((2, 2, 3), False)],
+                         ids=["3d", "3d-uneven", "4d"])  # 4d: where Keras 2 would pick its fused kernel
+def test_sync_batch_normalization_is_the_concatenated_batch(mode, shape, uneven):
+    """hvd.SyncBatchNormalization is a tf_keras layer (it goes into tf.keras models): its training
+    outputs and moving statistics are tf_keras BatchNormalization's on the batch concatenated over
+    the ranks; inference uses the moving statistics."""
+    n, me = hvd.size(), hvd.rank()
+    assert issubclass(hvd.SyncBatchNormalization, keras.layers.BatchNormalization)
+    assert hvdk.SyncBatchNormalization is hvd.SyncBatchNormalization
+    counts = [(r % 3) + 2 if uneven else 4 for r in range(n)]
+    xs = [_bn_rows(r, counts[r], shape) for r in range(n)]
+    sync = hvd.SyncBatchNormalization(momentum=0.5)
+    ref = keras.layers.BatchNormalization(momentum=0.5, fused=False)  # fused: an unbiased moving variance
+    call = tf.function(lambda layer, x: layer(x, training=True)) if mode == "function" else \
+        (lambda layer, x: layer(x, training=True))
+    got = call(sync, tf.constant(xs[me])).numpy()
+    want = ref(np.concatenate(xs), training=True).numpy()
+    start = sum(counts[:me])
+    np.testing.assert_allclose(got, want[start:start + counts[me]], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sync.moving_variance.numpy(), ref.moving_variance.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(sync(xs[me], training=False).numpy(), ref(xs[me], training=False).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_sync_batch_normalization_fit_equals_the_global_batch():
+    """Horovod's recipe with tf_keras: a model with hvd.SyncBatchNormalization, DistributedOptimizer,
+    fit on each rank's shard equals one process's BatchNormalization model on the global batch."""
+    n, me, steps = hvd.size(), hvd.rank(), 3
+    x, y = dataset(n, steps)
+
+    def build(layer):
+        keras.utils.set_random_seed(4)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), layer, keras.layers.Dense(1)])
+
+    model = build(hvd.SyncBatchNormalization())
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    shard = np.concatenate([np.arange(s * 4 * n + me * 4, s * 4 * n + me * 4 + 4) for s in range(steps)])
+    model.fit(x[shard], y[shard], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    reference = build(keras.layers.BatchNormalization())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(x, y, batch_size=4 * n, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(weights(model), weights(reference), rtol=1e-4, atol=1e-5)
+
+
+def test_sync_batch_normalization_arguments():
+    with pytest.raises(ValueError, match="does not support fused=True"):
+        hvd.SyncBatchNormalization(fused=True)
+    layer = hvd.SyncBatchNormalization(axis=1)
+    assert layer.name.startswith("sync_batch_normalization") and layer.fused is False
+    config = layer.get_config()
+    assert keras.layers.deserialize({"class_name": "mpidist.horovod>SyncBatchNormalization",
+                                     "config": config}).axis == layer.axis

@@ -54,8 +54,13 @@ keras_spellings.install()
 
 
 def __getattr__(name: str) -> object:
-    """``SyncBatchNormalization`` imports Keras, so only when it is asked for."""
+    """``SyncBatchNormalization`` imports Keras, so only when it is asked for: the layer of
+    ``tf.keras``'s Keras, as Horovod's (Keras 2 under TF_USE_LEGACY_KERAS=1, else Keras 3)."""
     if name == "SyncBatchNormalization":
+        from ...keras import flavor
+        if flavor.is_keras2():
+            from .keras2_sync_batch_norm import SyncBatchNormalization as Keras2Layer
+            return Keras2Layer
         from .sync_batch_norm import SyncBatchNormalization
         return SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

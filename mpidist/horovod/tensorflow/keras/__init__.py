@@ -60,7 +60,7 @@ from .. import allreduce as _allreduce
 from .. import broadcast as _broadcast
 from .. import optimizer as _optimizer
 from .. import reducescatter as _reducescatter
-from ..sync_batch_norm import SyncBatchNormalization
+from .. import SyncBatchNormalization  # tf.keras's Keras's layer
 from . import callbacks, elastic
 
 
