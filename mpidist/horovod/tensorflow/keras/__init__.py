@@ -21,6 +21,7 @@ from .. import (  # noqa: F401
     ProcessSet,
     Product,
     Sum,
+    SyncBatchNormalization,  # the layer of tf.keras's Keras
     add_process_set,
     allgather_object,
     alltoall,
@@ -60,7 +61,6 @@ from .. import allreduce as _allreduce
 from .. import broadcast as _broadcast
 from .. import optimizer as _optimizer
 from .. import reducescatter as _reducescatter
-from .. import SyncBatchNormalization  # tf.keras's Keras's layer
 from . import callbacks, elastic
 
 
