@@ -71,3 +71,18 @@ def same_everywhere(comm, value):
     everyone = comm.allgather(value)
     assert all(v == everyone[0] for v in everyone), everyone
     return everyone[0]
+
+
+def assert_batch_norm_is_global(sync, ref, xs, rank, train_call) -> None:
+    """A synchronized batch normalization ``sync`` called in training (``train_call(layer, x)``) on
+    this rank's ``xs[rank]`` gives this rank's rows of the plain layer ``ref`` called (eagerly) on
+    every rank's inputs concatenated, and the same moving statistics; in inference both use those."""
+    got = np.asarray(train_call(sync, xs[rank]))
+    want = np.asarray(ref(np.concatenate(xs), training=True))
+    start = sum(len(x) for x in xs[:rank])
+    np.testing.assert_allclose(got, want[start:start + len(xs[rank])], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(sync.moving_mean), np.asarray(ref.moving_mean), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sync.moving_variance), np.asarray(ref.moving_variance), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sync(xs[rank], training=False)), np.asarray(ref(xs[rank], training=False)),
+                               rtol=1e-5, atol=1e-5)

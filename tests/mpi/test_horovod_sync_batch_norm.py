@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import mpidist.horovod.tensorflow as hvd
 import mpidist.horovod.tensorflow.keras as hvdk
+from reference import assert_batch_norm_is_global
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,14 +38,7 @@ def test_training_moments_are_the_concatenated_batch(mode, uneven):
     ref = keras.layers.BatchNormalization(momentum=0.5)
     call = tf.function(lambda layer, x: layer(x, training=True)) if mode == "function" else \
         (lambda layer, x: layer(x, training=True))
-    got = call(sync, tf.constant(xs[me])).numpy()
-    want = ref(np.concatenate(xs), training=True).numpy()
-    start = sum(counts[:me])
-    np.testing.assert_allclose(got, want[start:start + counts[me]], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(sync.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(sync.moving_variance.numpy(), ref.moving_variance.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(sync(xs[me], training=False).numpy(), ref(xs[me], training=False).numpy(),
-                               rtol=1e-5, atol=1e-5)  # inference: the moving statistics, no communication
+    assert_batch_norm_is_global(sync, ref, xs, me, lambda layer, x: call(layer, tf.constant(x)))
 
 
 def test_v1_graph_outputs_and_moving_statistics_fetched_by_a_session():

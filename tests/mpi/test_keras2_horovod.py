@@ -22,6 +22,7 @@ if not flavor.is_keras2():
 
 import mpidist.horovod.keras as hvdk  # noqa: E402
 import mpidist.horovod.tensorflow as hvd  # noqa: E402
+from reference import assert_batch_norm_is_global  # noqa: E402
 
 keras = tf.keras
 OPTIMIZERS = {"current": keras.optimizers.SGD, "legacy": keras.optimizers.legacy.SGD}
@@ -261,14 +262,7 @@ def test_sync_batch_normalization_is_the_concatenated_batch(mode, shape, uneven)
     ref = keras.layers.BatchNormalization(momentum=0.5, fused=False)  # fused: an unbiased moving variance
     call = tf.function(lambda layer, x: layer(x, training=True)) if mode == "function" else \
         (lambda layer, x: layer(x, training=True))
-    got = call(sync, tf.constant(xs[me])).numpy()
-    want = ref(np.concatenate(xs), training=True).numpy()
-    start = sum(counts[:me])
-    np.testing.assert_allclose(got, want[start:start + counts[me]], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(sync.moving_mean.numpy(), ref.moving_mean.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(sync.moving_variance.numpy(), ref.moving_variance.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(sync(xs[me], training=False).numpy(), ref(xs[me], training=False).numpy(),
-                               rtol=1e-5, atol=1e-5)
+    assert_batch_norm_is_global(sync, ref, xs, me, lambda layer, x: call(layer, tf.constant(x)))
 
 
 def test_sync_batch_normalization_fit_equals_the_global_batch():
