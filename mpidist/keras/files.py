@@ -20,6 +20,7 @@ does): saved by the chief alone it is an error on every rank naming that rule
 """
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any, Callable
 
@@ -65,11 +66,19 @@ def _saving(kind: str, keras2: bool = False) -> Callable[[Any], Callable[..., An
 
             if checkpoint.inside_save():  # a callback's save: the callback decided who writes
                 return write()
-            # Keras 2 saves the compiled metrics too (not checkpoint dependencies of the model)
-            saved = [model, *getattr(model, "metrics", ())] if keras2 else None
+            saved = [model, *_keras2_metric_variables(strategy)] if keras2 else None
             return checkpoint.save_once(strategy, kind, filepath, write, trackable=saved)[0]
         return save
     return make
+
+
+def _keras2_metric_variables(strategy: Any) -> list[Any]:
+    """The sync-on-read variables a Keras 2 save may read: Keras 2 saves a compiled model's metrics,
+    which are not checkpoint dependencies of the model, and ``model.metrics`` lists none before the
+    first fit / evaluate (the loss metric ``compile`` made is saved all the same). So: every one
+    of the strategy still alive, after a garbage collection so that every rank lists the same."""
+    gc.collect()
+    return strategy.extended.live_sync_on_read_variables()
 
 
 def _keras2_single_file(filepath: Any, save_format: Any) -> bool:

@@ -345,6 +345,20 @@ def test_every_rank_saving_one_path_writes_it_once(eng, comm, shared_dir, name, 
     assert not [f for f in os.listdir(shared_dir) if "mpidist-tmp" in f]
 
 
+def test_every_rank_saving_a_model_not_yet_fitted(eng, comm, shared_dir):
+    """A compiled model before its first fit: ``model.metrics`` lists nothing yet, but the SavedModel
+    holds the loss metric ``compile`` made (sync-on-read): it is aggregated before the chief writes
+    (it was read by the chief alone, which then waited forever)."""
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    with strategy.scope():
+        model = build_model("sgd")
+    path = os.path.join(shared_dir, "unfitted")
+    model.save(path)
+    with strategy.scope():
+        loaded = keras.models.load_model(path)
+    assert_close(loaded.get_weights(), model.get_weights(), tol=0)
+
+
 def test_a_save_on_the_chief_alone_is_an_error_on_every_rank(eng, comm, shared_dir):
     """Keras 2 saves a compiled model's metrics, whose saved value is their sum over ranks: a
     ``model.save`` on the chief alone cannot work; it raises on the chief naming the rule and the
