@@ -66,7 +66,7 @@ def _saving(kind: str, keras2: bool = False) -> Callable[[Any], Callable[..., An
 
             if checkpoint.inside_save():  # a callback's save: the callback decided who writes
                 return write()
-            saved = [model, *_keras2_metric_variables(strategy)] if keras2 else None
+            saved = _keras2_metric_variables(strategy) if keras2 else None  # the model's included
             return checkpoint.save_once(strategy, kind, filepath, write, trackable=saved)[0]
         return save
     return make
