@@ -12,9 +12,11 @@ import pytest
 RUN = pathlib.Path(__file__).resolve().parents[1] / "run"
 
 
-def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str | None = None) -> str:
+def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str | None = None,
+               hang: str | None = None) -> str:
     """The summary line tests/run's ``step`` writes for a step that prints ``output`` and exits with
-    ``code`` (and, as a tests/mpi launch does, writes ``counts`` to MPITEST_COUNTS)."""
+    ``code`` (and, as a tests/mpi launch does, writes ``counts`` to MPITEST_COUNTS, and ``hang`` to
+    MPITEST_HANG_REPORT), with the lines that follow it, if any."""
     text = RUN.read_text()
     functions = text[text.index("status=0\n"):text.index("extra=$(")]
     (tmp_path / "tests" / ".logs").mkdir(parents=True)
@@ -23,12 +25,16 @@ def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str |
     if counts:
         (tmp_path / "counts.txt").write_text(counts + "\n")
         command += f"; cp counts.txt {tmp_path}/counts"
+    if hang:
+        command += f'; echo "{hang}" >> "$MPITEST_HANG_REPORT"'
     setup = f"export MPITEST_COUNTS={tmp_path}/counts\n" if counts else ""
     script = (f"{functions}\nextra=0\n{setup}step demo bash -c '{command}; exit {code}' >/dev/null\n"
               f"printf '%s\\n' \"${{summary[@]}}\"\n")
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    line = done.stdout.strip()
+    line, *more = done.stdout.strip().split("\n")
+    if more:  # the lines of a hang report, after the step's own
+        return "\n".join([re.sub(r" \[\d+ s\]$", "", line), *more])
     assert re.search(r" \[\d+ s\]$", line), f"no step time at the end of {line!r}"
     return re.sub(r" \[\d+ s\]$", "", line)
 
@@ -67,3 +73,12 @@ def test_a_step_that_is_not_pytest_reads_pass_or_fail_by_its_exit_code(tmp_path)
     assert summary_of("--- ruff check mpidist tools\nAll checks passed!\n", tmp_path) == "PASS  demo"
     (tmp_path / "again").mkdir()
     assert summary_of("Found 3 errors.\n", tmp_path / "again", code=1) == "FAIL  demo (exit 1)"
+
+
+def test_a_hung_test_is_named_under_its_failed_step(tmp_path):
+    """tests/mpi_pytest.py appends a line per hung rank to MPITEST_HANG_REPORT: the summary (the last
+    lines CI shows) carries them under the failed step."""
+    hung = "rank 1: tests/mpi/test_x.py::test_y still running after 300 s, at mpidist/a.py:3 in wait"
+    assert summary_of("..\n", tmp_path, code=134, hang=hung) == f"FAIL  demo (exit 134)\n      {hung}"
+    (tmp_path / "again").mkdir()  # a report is read only when the step failed
+    assert summary_of("1 passed in 1.00s\n", tmp_path / "again", hang=hung) == "PASS  demo (1 passed)"
