@@ -9,7 +9,8 @@ A test that runs longer than MPITEST_TEST_TIMEOUT seconds (default 300) is taken
 writes the test's name and every thread's stack to the terminal, appends one line (rank, test, the
 innermost mpidist and test frames of the main thread) to MPITEST_HANG_REPORT when that is set
 (tests/run puts those lines in its summary, so a hang in CI is named in the last lines it prints),
-waits MPITEST_DUMP_GRACE seconds (default 20) so the other ranks stuck with it can do the same, and aborts the job.
+waits MPITEST_DUMP_GRACE seconds (default 20) so the other ranks stuck with it can do the same,
+and aborts the job.
 """
 from __future__ import annotations
 
