@@ -5,7 +5,8 @@ printed if that rank fails. Exit 5 (no tests collected) is a failure, as any non
 rank has finished, it waits up to GRACE seconds for the others (non-blocking barrier); if they do
 not arrive, it aborts the job so that no rank is left waiting in a collective forever.
 
-A test that runs longer than MPITEST_TEST_TIMEOUT seconds (default 300) is taken as hung: its rank
+A failure on a rank other than 0 is written to the terminal as soon as it happens. A test that
+runs longer than MPITEST_TEST_TIMEOUT seconds (default 300) is taken as hung: its rank
 writes the test's name and every thread's stack to the terminal, appends one line (rank, test, the
 innermost mpidist and test frames of the main thread) to MPITEST_HANG_REPORT when that is set
 (tests/run puts those lines in its summary, so a hang in CI is named in the last lines it prints),
@@ -46,8 +47,20 @@ class Watchdog:
     def __init__(self, rank: int, terminal: int, limit: float) -> None:
         self.rank, self.terminal, self.limit = rank, terminal, limit
 
+    def pytest_runtest_logreport(self, report):
+        """A failure on a rank other than 0 is written to the terminal at once: a rank that failed
+        may have left the others in a collective it never entered, and then the job ends by the
+        time limit, before that rank's log is printed."""
+        if self.rank and report.failed:
+            captured = "".join(f"{'-' * 20} {name}\n{text}\n" for name, text in report.sections)
+            os.write(self.terminal, f"\n--- rank {self.rank}: {report.nodeid} failed ({report.when}):\n"
+                                    f"{report.longreprtext}\n{captured}".encode())
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        if self.limit <= 0:
+            yield
+            return
         timer = threading.Timer(self.limit, self.expired, args=(item.nodeid,))
         timer.daemon = True
         timer.start()
@@ -82,7 +95,7 @@ def main() -> int:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-    plugins = [Watchdog(rank, terminal, TEST_TIMEOUT)] if TEST_TIMEOUT > 0 else []
+    plugins = [Watchdog(rank, terminal, TEST_TIMEOUT)]
     code = int(pytest.main(sys.argv[1:] + ["-p", "no:cacheprovider"], plugins=plugins))
     sys.stdout.flush()
     sys.stderr.flush()
