@@ -87,29 +87,15 @@ def _keras2_single_file(filepath: Any, save_format: Any) -> bool:
 
 
 def install() -> None:
-    import keras
     from keras.src.saving import saving_api
-    save_model, save_weights = _saving("keras.saving.save_model"), _saving("keras.saving.save_weights")
-    patching.patch(saving_api, "save_model", save_model)  # what Model.save calls
-    patching.patch(saving_api, "save_weights", save_weights)  # what Model.save_weights calls
-    for namespace, name, make in ((keras.saving, "save_model", save_model), (keras.models, "save_model", save_model),
-                                  (keras.saving, "save_weights", save_weights)):
-        if getattr(namespace, name, None) is patching.original(saving_api, name):
-            patching.patch(namespace, name, make)
+    # what Model.save / save_weights call, and every public name of them (keras.saving, keras.models)
+    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model"))
+    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights"))
 
 
 def install_keras2() -> None:
-    import tensorflow as tf
-    import tf_keras
     saving_api = patching.tf_keras_internal("saving_api")
-    save_model = _saving("keras.saving.save_model", keras2=True)
-    save_weights = _saving("keras.saving.save_weights", keras2=True)
-    patching.patch(saving_api, "save_model", save_model)  # what Model.save calls
-    patching.patch(saving_api, "save_weights", save_weights)  # what Model.save_weights calls
-    # the public names of save_model: tf_keras's, and tf.keras's where tf.keras is tf_keras (its own modules)
-    namespaces = [tf_keras.models, tf_keras.saving]
-    if getattr(tf.keras, "__name__", "").startswith("tf_keras"):
-        namespaces += [tf.keras.models, tf.keras.saving]
-    for namespace in namespaces:
-        if getattr(namespace, "save_model", None) is patching.original(saving_api, "save_model"):
-            patching.patch(namespace, "save_model", save_model)
+    # what Model.save / save_weights call, and every public name of them (tf_keras.models,
+    # tf_keras.saving, and tf.keras's where tf.keras is tf_keras)
+    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model", keras2=True))
+    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights", keras2=True))

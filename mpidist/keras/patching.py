@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any, Callable
 
 _PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) -> (owner, name, original)
@@ -119,6 +120,27 @@ def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> N
     setattr(owner, name, wrapped)
 
 
+def patch_function(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    """``patch`` the module-level function ``owner.name`` wherever it is reachable: in the module
+    that defines it (so an API module imported later re-exports the patched one) and in every
+    module already imported that re-exports it (``owner`` among them).
+
+    Patching only the API module one was handed is not enough: TensorFlow's and Keras's API modules
+    can be imported a second time under another name, and the copy replaces the attribute
+    (``from tensorflow.saved_model.experimental import ...``, which Keras 3's ``model.export``
+    runs, makes a fresh ``tensorflow.saved_model`` module that becomes ``tf.saved_model``)."""
+    function = original(owner, name)
+    source = sys.modules.get(getattr(function, "__module__", None) or "")
+    owners = [source] if source is not None else []
+    for module in list(sys.modules.values()):  # __dict__, not getattr: no lazy module is imported here
+        if getattr(module, "__dict__", {}).get(name) is function and module is not source:
+            owners.append(module)
+    if owner not in owners:
+        owners.append(owner)
+    for each in owners:
+        patch(each, name, make)
+
+
 def original(owner: Any, name: str) -> Any:
     """The function ``patch`` replaced (``owner.name`` itself when it is not patched)."""
     found = _PATCHES.get((id(owner), name))
@@ -156,12 +178,20 @@ def model_strategy(model: Any) -> Any:
     return multi_rank(strategy)
 
 
-def child_strategies(trackable: Any) -> list[Any]:
-    """The strategies (or None) of the objects a ``tf.train.Checkpoint``-like object tracks
-    (TensorFlow's ``_trackable_children`` and each child's strategy: ``built_under``)."""
-    children = getattr(trackable, "_trackable_children", None)
-    found = children().values() if callable(children) else ()
-    return [built_under(child) for child in found]
+def tracked_strategy(trackable: Any) -> Any:
+    """The first multi-rank mpidist strategy (``multi_rank``) that ``trackable`` or an object it tracks,
+    at any depth, was built under (``built_under``): a ``tf.train.Checkpoint`` holding a model, a
+    ``tf.Module`` holding variables, Keras 3's export archive (lists of the model's variables); None
+    when there is none or ``trackable`` is not a TensorFlow trackable."""
+    import tensorflow as tf
+    found = multi_rank(built_under(trackable))
+    if found is not None or not hasattr(trackable, "_trackable_children"):
+        return found
+    for node in tf.train.TrackableView(trackable).descendants():
+        found = multi_rank(built_under(node))
+        if found is not None:
+            return found
+    return None
 
 
 def built_under(obj: Any) -> Any:

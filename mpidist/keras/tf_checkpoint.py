@@ -16,9 +16,10 @@ same directory returns once it is complete (every rank writing it raced: NotFoun
 MergeV2Checkpoints), and sync-on-read variables in what is saved are aggregated first (so such a
 save must be made on every rank).
 
-A checkpoint belongs to a strategy when it is saved inside that strategy's scope, or when one of
-the objects it was given (a Keras model or optimizer) was built in that strategy's scope; an object
-given to ``tf.saved_model.save`` likewise, or when it was built there itself.
+A checkpoint, or an object given to ``tf.saved_model.save``, belongs to a strategy when it is saved
+inside that strategy's scope, or when it or an object it tracks at any depth (a Keras model or
+optimizer, a variable; for Keras 3's ``model.export`` the export archive's lists of the model's
+variables) was built in that strategy's scope.
 """
 from __future__ import annotations
 
@@ -34,11 +35,7 @@ def strategy_of(ckpt: Any) -> Any:
     import tensorflow as tf
     if tf.distribute.has_strategy():
         return patching.multi_rank(tf.distribute.get_strategy())
-    for child_strategy in [patching.built_under(ckpt), *patching.child_strategies(ckpt)]:
-        found = patching.multi_rank(child_strategy)
-        if found is not None:
-            return found
-    return None
+    return patching.tracked_strategy(ckpt)
 
 
 def _routed(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
@@ -88,8 +85,4 @@ def install() -> None:
     patching.patch(tf.train.Checkpoint, "save", _routed(checkpoint.save))
     patching.patch(tf.train.Checkpoint, "write", _routed(checkpoint.write))
     patching.patch(tf.train.CheckpointManager, "save", _manager_save)
-    saved_model_save = patching.original(tf.saved_model, "save")
-    patching.patch(tf.saved_model, "save", _saved_model_save)
-    v2 = tf.compat.v2.saved_model
-    if v2 is not tf.saved_model and getattr(v2, "save", None) is saved_model_save:
-        patching.patch(v2, "save", _saved_model_save)
+    patching.patch_function(tf.saved_model, "save", _saved_model_save)  # tf.compat.v2's too, and later copies

@@ -4,6 +4,7 @@ restorable everywhere (without the patch the ranks race: NotFoundError on ckpt-1
 MergeV2Checkpoints for a SavedModel)."""
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from mpidist.tensorflow import checkpoint  # noqa: E402
 from reference import same_everywhere  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -133,3 +135,30 @@ def test_saved_model_saved_by_the_chief_alone(strategy, comm, shared_dir):
     comm.Barrier()
     loaded = tf.saved_model.load(path)
     np.testing.assert_array_equal(loaded.scale.numpy(), obj.scale.numpy())
+
+
+@pytest.mark.parametrize("what", ["keras_export", "module"])
+def test_saved_model_written_once_after_a_second_copy_of_its_module(strategy, comm, shared_dir, monkeypatch, what):
+    """``from tensorflow.saved_model.experimental import ...`` (what Keras 3's ``model.export`` runs, and
+    what programs write) imports a second copy of ``tf.saved_model`` that replaces the first: every
+    rank's save still goes through mpidist's one writer, the chief (before: the copy was TensorFlow's
+    own save, every rank wrote the directory, and the ranks sometimes raced in MergeV2Checkpoints)."""
+    wrote = []
+    real = checkpoint.save_once
+
+    def spy(strategy, kind, path, write, **kwargs):
+        return real(strategy, kind, path, lambda: (wrote.append(kind), write())[1], **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_once", spy)
+    importlib.import_module("tensorflow.saved_model.experimental")
+    path = os.path.join(shared_dir, "exported")
+    with strategy.scope():
+        obj = _Scaler() if what == "module" else keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    if what == "module":
+        tf.saved_model.save(obj, path)
+    else:
+        obj.export(path, verbose=False)
+    everyone = comm.allgather(wrote)
+    size = comm.Get_size()
+    assert everyone == ([["tf.saved_model.save"]] + [[]] * (size - 1) if size > 1 else [[]]), everyone
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
