@@ -17,6 +17,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from keras.saving import save_model  # noqa: E402  (bound before any strategy exists: see the last test)
+
 from mpidist.tensorflow import checkpoint  # noqa: E402
 from reference import same_everywhere  # noqa: E402
 
@@ -137,12 +139,9 @@ def test_saved_model_saved_by_the_chief_alone(strategy, comm, shared_dir):
     np.testing.assert_array_equal(loaded.scale.numpy(), obj.scale.numpy())
 
 
-@pytest.mark.parametrize("what", ["keras_export", "module"])
-def test_saved_model_written_once_after_a_second_copy_of_its_module(strategy, comm, shared_dir, monkeypatch, what):
-    """``from tensorflow.saved_model.experimental import ...`` (what Keras 3's ``model.export`` runs, and
-    what programs write) imports a second copy of ``tf.saved_model`` that replaces the first: every
-    rank's save still goes through mpidist's one writer, the chief (before: the copy was TensorFlow's
-    own save, every rank wrote the directory, and the ranks sometimes raced in MergeV2Checkpoints)."""
+@pytest.fixture
+def writes(monkeypatch):
+    """The kinds of save this rank wrote itself through ``checkpoint.save_once`` in the test."""
     wrote = []
     real = checkpoint.save_once
 
@@ -150,6 +149,20 @@ def test_saved_model_written_once_after_a_second_copy_of_its_module(strategy, co
         return real(strategy, kind, path, lambda: (wrote.append(kind), write())[1], **kwargs)
 
     monkeypatch.setattr(checkpoint, "save_once", spy)
+    return wrote
+
+
+def assert_written_by_the_chief_alone(comm, writes, kind):
+    everyone, size = comm.allgather(writes), comm.Get_size()
+    assert everyone == ([[kind]] + [[]] * (size - 1) if size > 1 else [[]]), everyone  # one rank: plain Keras
+
+
+@pytest.mark.parametrize("what", ["keras_export", "module"])
+def test_saved_model_written_once_after_a_second_copy_of_its_module(strategy, comm, shared_dir, writes, what):
+    """``from tensorflow.saved_model.experimental import ...`` (what Keras 3's ``model.export`` runs, and
+    what programs write) imports a second copy of ``tf.saved_model`` that replaces the first: every
+    rank's save still goes through mpidist's one writer, the chief (before: the copy was TensorFlow's
+    own save, every rank wrote the directory, and the ranks sometimes raced in MergeV2Checkpoints)."""
     importlib.import_module("tensorflow.saved_model.experimental")
     path = os.path.join(shared_dir, "exported")
     with strategy.scope():
@@ -158,7 +171,19 @@ def test_saved_model_written_once_after_a_second_copy_of_its_module(strategy, co
         tf.saved_model.save(obj, path)
     else:
         obj.export(path, verbose=False)
-    everyone = comm.allgather(wrote)
-    size = comm.Get_size()
-    assert everyone == ([["tf.saved_model.save"]] + [[]] * (size - 1) if size > 1 else [[]]), everyone
+    assert_written_by_the_chief_alone(comm, writes, "tf.saved_model.save")
     assert os.path.exists(os.path.join(path, "saved_model.pb"))
+
+
+def test_save_model_bound_by_name_before_the_strategy_existed(strategy, comm, shared_dir, writes):
+    """``from keras.saving import save_model`` at the top of a program (this file does), before any
+    strategy was built, binds Keras's own function; mpidist's wrapper reaches that name too, so every
+    rank's ``save_model(model, path)`` is written once, by the chief."""
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    path = os.path.join(shared_dir, "model.keras")
+    save_model(model, path)
+    assert_written_by_the_chief_alone(comm, writes, "keras.saving.save_model")
+    loaded = keras.saving.load_model(path)
+    for got, want in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)
