@@ -66,13 +66,13 @@ def _saving(kind: str, keras2: bool = False) -> Callable[[Any], Callable[..., An
 
             if checkpoint.inside_save():  # a callback's save: the callback decided who writes
                 return write()
-            saved = _keras2_metric_variables(strategy) if keras2 else None  # the model's included
+            saved = keras2_saved_variables(strategy) if keras2 else None  # the model's included
             return checkpoint.save_once(strategy, kind, filepath, write, trackable=saved)[0]
         return save
     return make
 
 
-def _keras2_metric_variables(strategy: Any) -> list[Any]:
+def keras2_saved_variables(strategy: Any) -> list[Any]:
     """The sync-on-read variables a Keras 2 save may read: Keras 2 saves a compiled model's metrics,
     which are not checkpoint dependencies of the model, and ``model.metrics`` lists none before the
     first fit / evaluate (the loss metric ``compile`` made is saved all the same). So: every one

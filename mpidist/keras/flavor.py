@@ -42,6 +42,13 @@ def is_keras2() -> bool:
         return False
 
 
+def is_keras2_model(obj: Any) -> bool:
+    """Whether ``obj`` is a tf_keras (Keras 2) ``Model``; False when tf_keras was never imported."""
+    tf_keras = sys.modules.get("tf_keras")
+    model = getattr(tf_keras, "Model", None) if tf_keras is not None else None
+    return isinstance(model, type) and isinstance(obj, model)
+
+
 def _tf_keras_optimizer_bases() -> tuple[type, ...]:
     """tf_keras's optimizer base classes (the one of TF >= 2.11, then the legacy OptimizerV2), or ()
     when the program has not imported tf_keras (then no object can be a Keras 2 optimizer)."""

@@ -27,7 +27,7 @@ import os
 from typing import Any, Callable
 
 from ..tensorflow import _tf_private, checkpoint
-from . import patching
+from . import files, flavor, patching
 
 
 def strategy_of(ckpt: Any) -> Any:
@@ -76,8 +76,21 @@ def _saved_model_save(original: Callable[..., Any]) -> Callable[..., Any]:
         if strategy is None or not isinstance(export_dir, (str, os.PathLike)):
             return original(obj, export_dir, *args, **kwargs)
         return checkpoint.save_once(strategy, "tf.saved_model.save", export_dir,
-                                    lambda: original(obj, export_dir, *args, **kwargs), trackable=obj)[0]
+                                    lambda: original(obj, export_dir, *args, **kwargs),
+                                    trackable=_saved_model_reads(strategy, obj))[0]
     return save
+
+
+def _saved_model_reads(strategy: Any, obj: Any) -> Any:
+    """What ``tf.saved_model.save(obj)`` may read (for ``save_once``'s aggregation of sync-on-read
+    variables): ``obj``'s dependencies, and where one of them is a Keras 2 model, every sync-on-read
+    variable of the strategy still alive (``files.keras2_saved_variables``: Keras 2 saves a compiled
+    model's metrics, which are not its dependencies; without them the chief read them alone, a
+    collective no other rank joined, and every rank waited)."""
+    import tensorflow as tf
+    if any(flavor.is_keras2_model(node) for node in tf.train.TrackableView(obj).descendants()):
+        return [obj, *files.keras2_saved_variables(strategy)]
+    return obj
 
 
 def install() -> None:

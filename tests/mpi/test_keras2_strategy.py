@@ -322,25 +322,32 @@ def fitted_model(eng, seed):
     ("model.h5", "save"), ("model.keras", "save"), ("keras_save_model.keras", "save_model"),
     ("weights.weights.h5", "save_weights"), ("weights.h5", "save_weights"),
     ("weights", "save_weights"),  # a TensorFlow checkpoint prefix
+    ("tf_saved_model", "tf.saved_model.save"),  # holds the compiled metrics too (it hung: the chief read them alone)
 ])
 def test_every_rank_saving_one_path_writes_it_once(eng, comm, shared_dir, name, how):
-    """``model.save`` / ``save_weights`` / ``tf.keras.models.save_model`` on every rank to one path
-    (TensorFlow's own code makes every rank write it: SavedModel directories and HDF5 files then
+    """``model.save`` / ``save_weights`` / ``tf.keras.models.save_model`` / ``tf.saved_model.save`` on
+    every rank to one path (TensorFlow's own code makes every rank write it: SavedModel directories and HDF5 files then
     collide): the chief writes it, the others return once it is complete; the files load, in the
     strategy's scope too, to the saved weights."""
     strategy, model = fitted_model(eng, seed=7)
     path = os.path.join(shared_dir, name)
     {"save": model.save, "save_weights": model.save_weights,
-     "save_model": lambda p: keras.models.save_model(model, p)}[how](path)
+     "save_model": lambda p: keras.models.save_model(model, p),
+     "tf.saved_model.save": lambda p: tf.saved_model.save(model, p)}[how](path)
     assert os.path.exists(path if how != "save_weights" or "." in name else path + ".index")
-    expected = model.get_weights()
-    with strategy.scope():
-        if how == "save_weights":
-            loaded = build_model("sgd")
-            loaded.load_weights(path)
-        else:
-            loaded = keras.models.load_model(path)
-    assert_close(loaded.get_weights(), expected, tol=0)
+    if how == "tf.saved_model.save":  # no Keras metadata: TensorFlow's loader, the serving signature
+        x = dataset_arrays(4, seed=1)[0]
+        (got,) = tf.saved_model.load(path).signatures["serving_default"](tf.constant(x)).values()
+        np.testing.assert_allclose(got.numpy(), model(x, training=False).numpy(), rtol=1e-6)
+    else:
+        expected = model.get_weights()
+        with strategy.scope():
+            if how == "save_weights":
+                loaded = build_model("sgd")
+                loaded.load_weights(path)
+            else:
+                loaded = keras.models.load_model(path)
+        assert_close(loaded.get_weights(), expected, tol=0)
     comm.Barrier()
     assert not [f for f in os.listdir(shared_dir) if "mpidist-tmp" in f]
 
