@@ -42,7 +42,8 @@ def where(frame) -> str:
 
 
 class Watchdog:
-    """pytest plugin: the hang report and abort described in the module's docstring."""
+    """pytest plugin: a failure on a rank other than 0 printed at once, and the hang report and
+    abort described in the module's docstring."""
 
     def __init__(self, rank: int, terminal: int, limit: float) -> None:
         self.rank, self.terminal, self.limit = rank, terminal, limit
