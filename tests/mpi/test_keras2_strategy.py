@@ -326,9 +326,9 @@ def fitted_model(eng, seed):
 ])
 def test_every_rank_saving_one_path_writes_it_once(eng, comm, shared_dir, name, how):
     """``model.save`` / ``save_weights`` / ``tf.keras.models.save_model`` / ``tf.saved_model.save`` on
-    every rank to one path (TensorFlow's own code makes every rank write it: SavedModel directories and HDF5 files then
-    collide): the chief writes it, the others return once it is complete; the files load, in the
-    strategy's scope too, to the saved weights."""
+    every rank to one path (TensorFlow's own code makes every rank write it: SavedModel directories
+    and HDF5 files then collide): the chief writes it, the others return once it is complete; the
+    files load, in the strategy's scope too, to the saved weights."""
     strategy, model = fitted_model(eng, seed=7)
     path = os.path.join(shared_dir, name)
     {"save": model.save, "save_weights": model.save_weights,
