@@ -141,6 +141,16 @@ def patch_function(owner: Any, name: str, make: Callable[[Any], Callable[..., An
         patch(each, name, make)
 
 
+def replace(owner: Any, name: str, value: Any) -> None:
+    """Set ``owner.name = value`` (a class or constant, not a wrapper: ``mpidist run`` puts mpidist's
+    strategy classes in ``tf.distribute``), recorded like a patch (once: a second call does nothing)."""
+    key = (id(owner), name)
+    if key in _PATCHES:
+        return
+    _PATCHES[key] = (owner, name, getattr(owner, name))
+    setattr(owner, name, value)
+
+
 def original(owner: Any, name: str) -> Any:
     """The function ``patch`` replaced (``owner.name`` itself when it is not patched)."""
     found = _PATCHES.get((id(owner), name))
