@@ -42,7 +42,7 @@ from ._config import rc
 from .topology import abort, validate_comm
 from .validation import is_integer
 
-__all__ = ["MPIClusterResolver"]
+__all__ = ["MPIClusterResolver", "place_in_cluster", "check_agreement"]
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 SERVING = ("worker", "ps")  # the task types that run a server and wait in join()
@@ -60,6 +60,68 @@ def _reserve_port(host: str) -> socket.socket:
         s.close()
         raise
     return s
+
+
+def place_in_cluster(cluster: dict[str, Any], task_type: Any, task_id: Any) -> int | None:
+    """The replica number TensorFlow's MultiWorkerMirroredStrategy gives task ``task_type``:``task_id``
+    of ``cluster`` (``{job: [addresses]}``): the chief is 0 and the workers follow it in order;
+    None for other task types (ps, evaluator) or an unreadable id."""
+    try:
+        index = int(task_id)
+    except (TypeError, ValueError):
+        return None
+    if task_type == "chief":
+        return 0
+    if task_type == "worker":
+        return len(cluster.get("chief", [])) + index
+    return None
+
+
+def _resolver_facts(resolver: Any) -> tuple[int, int | None, str] | None:
+    """(chief + worker tasks, this task's replica number, "type:id") of a TensorFlow cluster resolver;
+    None when its cluster is empty (it describes no cluster: TFConfigClusterResolver without TF_CONFIG)."""
+    spec = resolver.cluster_spec()
+    jobs = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)
+    if not jobs:
+        return None
+    tasks = len(jobs.get("chief", [])) + len(jobs.get("worker", []))
+    return tasks, place_in_cluster(jobs, resolver.task_type, resolver.task_id), \
+        f"{resolver.task_type}:{resolver.task_id}"
+
+
+def check_agreement(resolver: Any, comm: MPI.Intracomm, where: str) -> None:
+    """Raise ValueError on every rank of ``comm`` (collective) unless the cluster ``resolver``
+    describes (TFConfigClusterResolver, SlurmClusterResolver, SimpleClusterResolver, ...) is the
+    communicator's: as many chief/worker tasks as ranks, each rank's task at the rank's place. A
+    resolver describing no cluster (empty) agrees with any communicator."""
+    try:
+        facts: Any = _resolver_facts(resolver)
+    except Exception as error:  # reported on every rank, after the exchange
+        facts = f"{type(error).__name__}: {error}"
+    private = comm.Dup()  # never matches the program's messages
+    try:
+        everyone = private.allgather(facts)
+    finally:
+        private.Free()
+    name, size = type(resolver).__name__, comm.Get_size()
+    failed = [(r, f) for r, f in enumerate(everyone) if isinstance(f, str)]
+    if failed:
+        raise ValueError(f"{where}: `cluster_resolver` ({name}) cannot say its cluster on rank {failed[0][0]}: "
+                         f"{failed[0][1]}")
+    problems = []
+    counts = sorted({f[0] for f in everyone if f is not None})
+    if any(c != size for c in counts):
+        problems.append(f"it describes {' or '.join(map(str, counts))} chief/worker task(s)")
+    misplaced = [(r, f) for r, f in enumerate(everyone) if f is not None and f[1] != r]
+    problems += [f"rank {r} is task {f[2]} there (replica {f[1]})" for r, f in misplaced[:3]]
+    if len(misplaced) > 3:
+        problems.append(f"and {len(misplaced) - 3} more ranks are elsewhere")
+    if any(f is None for f in everyone) and any(f is not None for f in everyone):
+        problems.append("it describes no cluster on some ranks only")
+    if problems:
+        raise ValueError(f"{where}: `cluster_resolver` ({name}) disagrees with the MPI communicator of {size} "
+                         f"rank(s): {'; '.join(problems)}. Start one rank per task in the resolver's order, or "
+                         f"leave the resolver out: mpidist takes the cluster from MPI")
 
 
 def _gpu_count() -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import runpy
 import sys
 from types import ModuleType, TracebackType
 from typing import Any
@@ -116,7 +117,7 @@ def _setup(topology: Any) -> tuple[gpus.Plan, dict[str, Any]]:
 def _trimmed(tb: TracebackType | None) -> TracebackType | None:
     """The traceback from the program's first frame on (mpidist run's and runpy's frames cut)."""
     while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_SKIPPED_FILES)
-                              or os.path.basename(tb.tb_frame.f_code.co_filename) == "runpy.py"):
+                              or tb.tb_frame.f_code.co_filename in ("<frozen runpy>", runpy.__file__)):
         tb = tb.tb_next
     return tb
 
@@ -191,7 +192,9 @@ def _execute(chosen: target.Target, size: int) -> int:
             error.add_note(hint)
         elif hint is not None:
             print(hint, file=sys.stderr)
-        sys.excepthook(type(error), error, _trimmed(error.__traceback__))  # mpidist's hook ends a job of many
+        trimmed = _trimmed(error.__traceback__)
+        error.__traceback__ = trimmed  # shown from the program's first frame, as `python PROGRAM` shows it
+        sys.excepthook(type(error), error, trimmed)  # mpidist's hook also ends a job of many ranks
         return 130 if isinstance(error, KeyboardInterrupt) else 1
     finally:
         for stream in (sys.stdout, sys.stderr):

@@ -18,21 +18,12 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["differences", "export", "place_in_cluster"]
+from ..cluster_resolver import MPIClusterResolver, place_in_cluster
+
+__all__ = ["differences", "export"]
 
 _log = logging.getLogger("mpidist")
 VARIABLE = "TF_CONFIG"
-
-
-def place_in_cluster(cluster: dict[str, Any], task_type: str, task_id: int) -> int | None:
-    """The replica number TensorFlow gives task ``task_type``:``task_id`` of ``cluster``: the chief
-    is 0 and the workers follow it in order; None for other task types (ps, evaluator)."""
-    chiefs = len(cluster.get("chief", []))
-    if task_type == "chief":
-        return 0
-    if task_type == "worker":
-        return chiefs + int(task_id)
-    return None
 
 
 def differences(text: str, rank: int, size: int) -> list[str]:
@@ -54,10 +45,7 @@ def differences(text: str, rank: int, size: int) -> list[str]:
     if others:
         found.append(f"it has job(s) {', '.join(others)}, which a MultiWorkerMirroredStrategy job does not")
     task_type, task_id = task.get("type"), task.get("index", 0)
-    try:
-        place = place_in_cluster(cluster, str(task_type), int(task_id))
-    except (TypeError, ValueError):
-        place = None
+    place = place_in_cluster(cluster, task_type, task_id)
     if place != rank:
         found.append(f"rank {rank} is task {task_type}:{task_id} there (replica {place}), not replica {rank}")
     return found
@@ -66,7 +54,6 @@ def differences(text: str, rank: int, size: int) -> list[str]:
 def export(comm: Any) -> dict[str, Any]:
     """Make ``os.environ["TF_CONFIG"]`` describe ``comm``'s ranks (collective over ``comm``); returns
     the TF_CONFIG now in force, parsed."""
-    from ..cluster_resolver import MPIClusterResolver
     rank, size = comm.Get_rank(), comm.Get_size()
     given = os.environ.get(VARIABLE)
     mine = differences(given, rank, size) if given is not None else []

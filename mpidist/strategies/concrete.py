@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from mpi4py import MPI
 
-from ..cluster_resolver import MPIClusterResolver
+from ..cluster_resolver import MPIClusterResolver, check_agreement
 from ..collectives import Engine, gpu
 from ..cross_device import (
     CommunicationImplementation,
@@ -32,12 +32,14 @@ _log = logging.getLogger("mpidist")
 
 
 def _resolver_comm(cluster_resolver: Any, comm: Any, where: str) -> Any:
+    """The communicator of the strategy: ``comm``, or an MPIClusterResolver's. TensorFlow's resolvers
+    (TF_CONFIG, Slurm, a ClusterSpec) are accepted when their cluster is ``comm``'s (checked, collective),
+    else a ValueError on every rank names the difference (cluster_resolver.check_agreement)."""
     if cluster_resolver is None:
         return comm
     resolver_comm = getattr(cluster_resolver, "comm", None)
     if resolver_comm is None:
-        _log.warning("%s: ignoring %s: the cluster comes from the MPI communicator, not from TF_CONFIG",
-                     where, type(cluster_resolver).__name__)
+        check_agreement(cluster_resolver, validate_comm(comm, where), where)
         return comm
     if comm is not None and comm is not resolver_comm:
         raise ValueError(f"{where}: give `comm` or an MPIClusterResolver, not both")

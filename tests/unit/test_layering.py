@@ -25,9 +25,10 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     # which use its checkpoint helpers; test_imports.py keeps the two packages free of circles
     "tensorflow": 7, "keras": 7,
     "horovod": 8,
-    # the public namespace (frameworks: the framework choice) and the command line (check, info, bench, soak, timeline)
+    # the public namespace (frameworks: the framework choice) and the command line (run and horovodrun:
+    # launch; check, info, bench, soak, timeline)
     "frameworks": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP, "overlap": TOP,
-    "__main__": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
+    "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
 }
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
 DYNAMIC = "<a module name computed at run time>"
@@ -35,6 +36,7 @@ DYNAMIC = "<a module name computed at run time>"
 COMPUTED_IMPORTS = {
     "mpidist.tensorflow._tf_private": "TensorFlow's private modules, by the names in its own table",
     "mpidist.keras.patching": "tf_keras's private modules, by the names in its own table (TF_KERAS_INTERNALS)",
+    "mpidist.launch.aliases": "mpidist.horovod's modules, by the horovod.* name a program imports (a layer below)",
 }
 INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework
 
