@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from launching import JOBS
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
@@ -52,7 +51,7 @@ def test_keras_tutorial_main_reads_tf_config(mpirun, tmp_path, n):
     wrong = {"cluster": {"worker": ["a:1", "b:1", "c:1"]}, "task": {"type": "worker", "index": 0}}
     env = {"TF_CONFIG": json.dumps(wrong)} if n == 2 else {}
     job = run(mpirun, n, str(UNCHANGED / "main.py"), str(tmp_path), str(GLOBAL_BATCH // n), env=env)
-    facts = dict(re.findall(r"task (\d+) of %d: (\{.*\})" % n, job.output))
+    facts = dict(re.findall(rf"task (\d+) of {n}: (\{{.*\}})", job.output))
     assert sorted(facts) == [str(r) for r in range(n)], job.output[-4000:]
     for line in facts.values():
         fact = json.loads(line)
@@ -168,8 +167,9 @@ def test_horovodrun_on_one_node():
     proc = horovodrun("-np", "2", "--fusion-threshold-mb", "1", sys.executable, "probe.py", "2", "x")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
-    assert re.search(r"mpidist horovodrun: HOROVOD_FUSION_THRESHOLD=1048576 \S*mpirun -n 2 --bind-to none --map-by slot "
-                     r".*--host localhost:2 -x <\d+ variables> \S*python\S* -m mpidist run probe.py 2 x", output), output
+    assert re.search(r"mpidist horovodrun: HOROVOD_FUSION_THRESHOLD=1048576 \S*mpirun -n 2 --bind-to none "
+                     r"--map-by slot .*--host localhost:2 -x <\d+ variables> \S*python\S* -m mpidist run probe.py "
+                     r"2 x", output), output
     probes = probe_lines(output)
     assert [p["task"]["index"] for p in probes] == [0, 1], output[-3000:]
     assert all(p["fusion"] == "1048576" and p["args"] == ["x"] for p in probes)
