@@ -9,7 +9,9 @@ mpidist check``). It proves what works instead of listing what was built:
    on CuPy arrays on every path this job can take (MPI on device pointers, MPI staged through
    host memory, NCCL, NCCL+MPI across nodes), and TensorFlow GPU tensors through the DLPack bridge
    when TensorFlow sees a GPU;
-4. ULFM (mpidist.elastic surviving a rank's death), with one fault-tolerant agreement.
+4. ULFM (mpidist.elastic surviving a rank's death), with one fault-tolerant agreement;
+5. what ``mpidist run`` would resolve here (Horovod names, TF_CONFIG, Keras, GPUs), right after the
+   launcher's line.
 
 Each check gives a one-line timing (the slowest rank's median). The chief prints each result as it
 comes, then what works, what is missing with the one-line fix for each, and what was skipped and
@@ -29,13 +31,14 @@ from mpi4py import MPI
 
 from .._version import __version__
 from ..collectives import Engine
-from . import gpu, host
+from . import gpu, host, launch
 from .context import Context, fmt_size
 from .results import Outcome, Verdict, broken, combine, failed, format_summary, format_verdict, skipped
 
 Check = Callable[[Context], Any]  # returns an Outcome, or a list of (name, Outcome)
 CHECKS: list[tuple[str, Check]] = [
     ("MPI and launcher", host.launcher_view),
+    ("mpidist run (what it would resolve)", launch.run_resolution),
     ("MPI Allreduce (mpi4py, host)", host.mpi_allreduce),
     ("allreduce (host)", host.allreduce),
     ("broadcast (host)", host.broadcast),

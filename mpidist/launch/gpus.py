@@ -30,10 +30,11 @@ DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 @dataclass(frozen=True)
 class Plan:
     """``index``: the GPU (in the rank's visible list) this rank uses, or None to leave GPUs alone;
-    ``reason``: why, in words."""
+    ``reason``: why, in words; ``visible``: how many GPUs the rank was shown."""
 
     index: int | None
     reason: str
+    visible: int = 0
 
 
 def driver_gpu_count(directory: str = DRIVER_GPUS) -> int:
@@ -60,10 +61,10 @@ def plan(local_rank: int, local_size: int, environ: Mapping[str, str] | None = N
     if n == 0:
         return Plan(None, "no GPU visible")
     if n == 1:
-        return Plan(None, f"one GPU visible ({source}): nothing to choose")
+        return Plan(None, f"one GPU visible ({source}): nothing to choose", 1)
     index = local_rank % n
     shared = f"; {local_size} ranks share {n} GPUs" if local_size > n else ""
-    return Plan(index, f"GPU {index} of the {n} that {source} shows (local rank {local_rank}){shared}")
+    return Plan(index, f"GPU {index} of the {n} that {source} shows (local rank {local_rank}){shared}", n)
 
 
 def apply_tensorflow(tf: ModuleType, chosen: Plan) -> None:

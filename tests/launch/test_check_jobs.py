@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib.metadata import version
 import re
 import shutil
 import subprocess
@@ -32,9 +33,17 @@ def exits(output: str, n: int) -> list[int]:
 
 @pytest.mark.parametrize("n, local_size", [(2, None), (4, "2")], ids=["n2", "n4-two-fake-nodes"])
 def test_check_passes_here_and_says_why_gpu_checks_are_skipped(mpirun, n, local_size):
-    job = mpirun(n, "-m", "mpidist", "check", *CHEAP, env={"MPIDIST_LOCAL_SIZE": local_size} if local_size else {})
+    # at -n 4 a TF_CONFIG of the user's own (2 workers) is left in the environment
+    wrong = '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}'
+    env = {"MPIDIST_LOCAL_SIZE": local_size, "TF_CONFIG": wrong} if local_size else {}
+    job = mpirun(n, "-m", "mpidist", "check", *CHEAP, env=env)
     assert job.returncode == 0, job.output
     ok = lines(job.output, "OK")
+    tf_config = ("TF_CONFIG set here disagrees with MPI (it lists 2 chief/worker task(s), MPI has 4 rank(s)): replaced"
+                 if local_size else "TF_CONFIG exported: 2 worker(s), task index = rank")
+    assert ok["mpidist run (what it would resolve)"] == (
+        f"horovod -> mpidist.horovod; tf.distribute strategies -> mpidist's; {tf_config}; tf.keras: Keras 3; "
+        f"--keras 2: tf_keras {version('tf_keras')}; GPU: no GPU visible"), job.output
     for name in ("MPI and launcher", "MPI Allreduce (mpi4py, host)", "allreduce (host)", "broadcast (host)",
                  "allgather (host)", "reduce (host)", "reduce_scatter (host)", "barrier"):
         assert name in ok, (name, job.output)
