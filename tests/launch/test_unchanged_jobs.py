@@ -176,3 +176,26 @@ def test_horovodrun_on_one_node():
     # the job's exit status is the program's
     proc = horovodrun("-np", "2", sys.executable, "-c", "import sys, horovod; sys.exit(3)")
     assert proc.returncode == 3, proc.stdout + proc.stderr
+
+
+TWO_NODES = Path(__file__).resolve().parents[1] / "two_nodes" / "run"
+
+
+def test_horovodrun_with_hosts_on_two_nodes():
+    """`-H nodea:2,nodeb:2` on two host names of this machine (tests/two_nodes/run: namespaces, an ssh
+    stand-in): Open MPI starts a daemon per host and MPI finds two nodes by itself."""
+    mpirun = os.environ.get("MPITEST_MPIRUN") or "mpirun"
+    reason = subprocess.run([str(TWO_NODES), "--check", mpirun], capture_output=True, text=True)
+    if reason.returncode != 0:
+        pytest.skip(reason.stdout.strip() or reason.stderr.strip())
+    proc = subprocess.run([str(TWO_NODES), "--command", mpirun, sys.executable, "-m", "mpidist", "horovodrun",
+                           "-np", "4", "-H", "nodea:2,nodeb:2", "--fusion-threshold-mb", "2", sys.executable,
+                           "probe.py", "4", "two"], capture_output=True, text=True, timeout=TIMEOUT, cwd=UNCHANGED)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "--host nodea:2,nodeb:2" in output and "4 rank(s) on 2 node(s) (2, 2 per node)" in output, output
+    probes = probe_lines(output)
+    assert [p["task"]["index"] for p in probes] == [0, 1, 2, 3], output[-3000:]
+    for p in probes:
+        assert p["results"] == [[7, 0, "nodea"], [7, 1, "nodea"], [7, 2, "nodeb"], [7, 3, "nodeb"]], output
+        assert p["fusion"] == str(2 << 20), output
