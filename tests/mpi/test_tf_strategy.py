@@ -395,3 +395,48 @@ def test_timeout_reaches_the_engine(comm, mode):
                                    match="refuses collectives"):
                     step(tf.ones([4]))
     comm.Barrier()
+
+
+def test_tensorflow_cluster_resolvers_must_describe_the_communicator(comm, monkeypatch):
+    """TF_CONFIG, Slurm and ClusterSpec resolvers are accepted when their cluster is the communicator,
+    else a ValueError on every rank says how they differ; the ranks stay in step either way."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    resolvers = tf.distribute.cluster_resolver
+    workers = [f"host{r}:1" for r in range(size)]
+
+    def simple(jobs, task_type, task_id):
+        return resolvers.SimpleClusterResolver(tf.train.ClusterSpec(jobs), task_type=task_type, task_id=task_id)
+
+    right = simple({"worker": workers}, "worker", rank)
+    chief_first = simple({"chief": workers[:1], "worker": workers[1:]}, "chief" if rank == 0 else "worker",
+                         0 if rank == 0 else rank - 1)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for accepted in (right, chief_first, resolvers.TFConfigClusterResolver()):  # the last describes no cluster
+        strategy = mpidist.MultiWorkerMirroredStrategy(cluster_resolver=accepted)
+        assert strategy.num_replicas_in_sync == size and strategy.cluster_resolver is accepted
+        strategy.close()
+    where = "MultiWorkerMirroredStrategy: `cluster_resolver` (SimpleClusterResolver) disagrees with the MPI " \
+            f"communicator of {size} rank(s): "
+    with pytest.raises(ValueError, match=re.escape(where + f"it describes {size + 1} chief/worker task(s).")):
+        mpidist.MultiWorkerMirroredStrategy(cluster_resolver=simple({"worker": workers + ["extra:1"]}, "worker", rank))
+    if size > 1:
+        swapped = simple({"worker": workers}, "worker", (rank + 1) % size)
+        with pytest.raises(ValueError, match=re.escape(where + "rank 0 is task worker:1 there (replica 1); rank 1 "
+                                                               "is task worker:")):
+            mpidist.experimental.MultiWorkerMirroredStrategy(cluster_resolver=swapped)
+
+    class Failing:  # a resolver that cannot answer on the last rank only (a Slurm variable missing there)
+        task_type, task_id = "worker", rank
+
+        def cluster_spec(self):
+            if rank == size - 1:
+                raise RuntimeError("no SLURM_JOB_NODELIST")
+            return tf.train.ClusterSpec({"worker": workers})
+
+    with pytest.raises(ValueError, match=re.escape(f"`cluster_resolver` (Failing) cannot say its cluster on rank "
+                                                   f"{size - 1}: RuntimeError: no SLURM_JOB_NODELIST")):
+        mpidist.MultiWorkerMirroredStrategy(cluster_resolver=Failing())
+    strategy = mpidist.MultiWorkerMirroredStrategy()  # in step after the errors
+    total = strategy.reduce("SUM", tf.constant(float(rank)), axis=None)
+    assert float(total) == size * (size - 1) / 2
+    strategy.close()
