@@ -1,0 +1,106 @@
+"""A notice that any rank may raise, learned by every rank at the same step, without a blocking
+round trip per step.
+
+``LockstepMax(comm)`` keeps a private clone of ``comm``. Each rank calls ``collect()`` then, unless
+it acts on the answer, ``post(value)`` once per step of its loop (a training step): ``post`` starts
+a non-blocking ``MPI_Iallreduce(MAX)`` of one integer, ``collect`` completes the one posted at the
+previous step and returns its result. Every rank posts the k-th exchange at its k-th step and
+collects it at its (k+1)-th, and the k-th exchange has one result everywhere: so all ranks learn
+a value any of them posted at the same step, whatever step the notice (a signal, a watcher) reached
+each of them at. In synchronous training the ranks are within a step of each other, the exchange
+has completed by the time it is collected (it progresses inside the step's own MPI calls) and
+``collect`` returns at once: measured figures in docs/elastic.md.
+
+What a rank posts is ``width`` integers of its own choosing (0 = nothing to tell), reduced
+element by element; callers post ``rank + 1`` for "I have something", so that the result also names
+a rank that had it. Whatever sets them (a signal handler, a watcher thread) only sets attributes
+the caller reads when it next posts.
+
+A rank that stops posting leaves the others waiting in their next ``collect``, exactly as it would
+leave them in the step's own collectives: the loop must make the same number of steps on every
+rank. ``finish`` completes a pending exchange at the end (every rank posted it), waiting at most
+``timeout`` seconds; the interpreter's exit calls it for every LockstepMax left, so no exchange is
+pending at ``MPI_Finalize``.
+
+Nothing here imports TensorFlow: the TensorFlow handler (mpidist/tensorflow/preemption.py) sits on
+top.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+_log = logging.getLogger("mpidist")
+FINISH_TIMEOUT = 10.0  # seconds finish() waits for a pending exchange at exit
+_live: set[LockstepMax] = set()  # strong references while an exchange is pending: MPI owns the buffers
+
+
+class LockstepMax:
+    """See the module docstring. ``comm``: an intracommunicator (cloned here: collective over it)."""
+
+    def __init__(self, comm: MPI.Intracomm, width: int = 1, where: str = "LockstepMax") -> None:
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"{where}: `comm` must be an mpi4py intracommunicator, got {type(comm).__name__}")
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"{where}: `width` must be an int >= 1, got {width!r}")
+        self.where, self.width = where, width
+        self.comm = comm.Clone()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.posted = 0  # exchanges posted so far (the step count, as every rank sees it)
+        self._send = np.zeros(width, np.int64)
+        self._recv = np.zeros(width, np.int64)
+        self._request: MPI.Request | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether an exchange is posted and not yet collected."""
+        return self._request is not None
+
+    def post(self, *values: int) -> None:
+        """Start this step's exchange of ``values`` (``width`` integers)."""
+        if self._request is not None:
+            raise RuntimeError(f"{self.where}: post() called twice without collect() between (exchange "
+                               f"{self.posted} is still pending)")
+        if len(values) != self.width:
+            raise ValueError(f"{self.where}: post() takes {self.width} value(s), got {len(values)}: {values!r}")
+        self._send[:] = values
+        self._request = self.comm.Iallreduce(self._send, self._recv, op=MPI.MAX)
+        self.posted += 1
+        _live.add(self)
+
+    def collect(self) -> tuple[int, ...]:
+        """The MAX over ranks, element by element, of what they posted at their previous ``post``
+        (zeros when none is pending). Waits only for ranks that have not posted it yet."""
+        if self._request is None:
+            return (0,) * self.width
+        self._request.Wait()
+        self._request = None
+        _live.discard(self)
+        return tuple(int(v) for v in self._recv)
+
+    def finish(self, timeout: float = FINISH_TIMEOUT) -> bool:
+        """Complete a pending exchange, waiting at most ``timeout`` seconds; False (and a warning) when
+        some rank never posted it within that time (it is then left to MPI_Finalize)."""
+        if self._request is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while not self._request.Test():
+            if time.monotonic() > deadline:
+                _log.warning("%s: rank %d: exchange %d (posted at its last step) did not complete within %.0f s: "
+                             "some rank made fewer steps", self.where, self.rank, self.posted, timeout)
+                return False
+            time.sleep(0.001)
+        self._request = None
+        _live.discard(self)
+        return True
+
+
+@atexit.register
+def _finish_all() -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for each in list(_live):
+            each.finish()
