@@ -277,7 +277,7 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
         final = self._countdown or self._grace_period <= 0
         if self._rank == 0:
             _log.warning("mpidist: %s: a termination notice reached rank %d%s; every rank saves at run %d%s",
-                         self._where, rank, " (and maybe others)" if self._size > 2 else "", self._runs,
+                         self._where, rank, " (and perhaps lower ranks)" if rank > 0 else "", self._runs,
                          " and exits" if final else ", then trains on through the grace period")
         self._save(args, kwargs)
         if not final:
