@@ -14,10 +14,13 @@ from reference import same_everywhere
 pytestmark = pytest.mark.mpi
 
 
-def first_notice(comm, raise_at: dict[int, int], steps: int = 12, skew: float = 0.0, width: int = 1):
+def first_notice(comm, raise_at: dict[int, int], steps: int = 12, skew: float = 0.0, width: int = 1,
+                 persistent: bool = True):
     """Run ``steps`` steps: rank r posts rank + 1 from step ``raise_at[r]`` on (0 before). Returns
     (the step at which this rank first collected a non-zero value, that value)."""
-    vote = LockstepMax(comm, width=width)
+    vote = LockstepMax(comm, width=width, persistent=persistent)
+    if not persistent:
+        assert not vote.persistent
     rank = comm.Get_rank()
     found = (None, None)
     for step in range(steps):
@@ -30,14 +33,15 @@ def first_notice(comm, raise_at: dict[int, int], steps: int = 12, skew: float = 
         vote.post(*([mine] * width))
         comm.Allreduce(MPI.IN_PLACE, np.zeros(4), op=MPI.SUM)  # the step's own collective
     assert vote.finish(timeout=30)
-    vote.comm.Free()
+    vote.close()
     return found
 
 
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "iallreduce"])
 @pytest.mark.parametrize("skew", [0.0, 0.003])
-def test_a_notice_on_the_last_rank_is_seen_everywhere_one_step_later(comm, skew):
+def test_a_notice_on_the_last_rank_is_seen_everywhere_one_step_later(comm, skew, persistent):
     size = comm.Get_size()
-    step, value = first_notice(comm, {size - 1: 3}, skew=skew)
+    step, value = first_notice(comm, {size - 1: 3}, skew=skew, persistent=persistent)
     assert same_everywhere(comm, (step, value)) == (4, (size,))
 
 
@@ -75,4 +79,6 @@ def test_collect_without_post_and_misuse(comm):
         LockstepMax(comm, width=0)
     with pytest.raises(TypeError, match="`comm` must be an mpi4py intracommunicator, got str"):
         LockstepMax("world")  # type: ignore[arg-type]
-    vote.comm.Free()
+    vote.close()
+    vote.close()  # a second close does nothing
+    assert vote.comm == MPI.COMM_NULL
