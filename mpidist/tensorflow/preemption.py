@@ -24,8 +24,10 @@ Semantics (TensorFlow's, off Google Cloud):
   directory and ``total_run_calls`` with it (the ``checkpointed_runs`` variable the handler adds to
   the checkpoint, as TensorFlow's does, so checkpoints of either restore in the other). Every rank
   must name the same directory and restore the same run count, else an error on every rank.
-- A termination notice — SIGTERM, or ``TerminationConfig.termination_watcher_fn`` returning True
-  (polled every second on a thread) — reaching any one rank makes every rank save once, at the same
+- A termination notice — SIGTERM (the signals of ``rc.preemption_signals``: ``MPIDIST_PREEMPTION_SIGNALS=
+  TERM,USR1`` adds SIGUSR1, which mpirun forwards to the ranks without killing them), or
+  ``TerminationConfig.termination_watcher_fn`` returning True (polled every second on a thread,
+  and then no signal is watched) — reaching any one rank makes every rank save once, at the same
   run count, then call ``exit_fn`` (default ``sys.exit(42)``, TensorFlow's code off Google Cloud;
   TensorFlow's on Google Cloud defaults are not detected here: give them in a TerminationConfig).
 - ``grace_period`` > 0: the first save is followed by training until the grace period (counted from
@@ -60,6 +62,7 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
+from .._config import rc
 from ..cluster_resolver import MPIClusterResolver
 from ..collectives.lockstep import LockstepMax
 from ..keras import patching
@@ -178,8 +181,9 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
         self._grace_period = float(grace)
         self._save_fn: Callable[..., Any] | None = config.save_fn
         if self._watcher_fn is None and threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(f"{where}: watching SIGTERM needs the handler built in the main thread (Python "
-                               f"runs signal handlers there); give a TerminationConfig(termination_watcher_fn=...)")
+            raise RuntimeError(f"{where}: watching {', '.join(rc.preemption_signals)} needs the handler built in the "
+                               f"main thread (Python runs signal handlers there); give a "
+                               f"TerminationConfig(termination_watcher_fn=...)")
         if isinstance(checkpoint_or_manager, tf.train.CheckpointManager):
             self._manager = checkpoint_or_manager
         elif isinstance(checkpoint_or_manager, tf.train.Checkpoint):
@@ -221,9 +225,11 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
             raise ValueError(f"{self._where}: {mismatch}; got {listed}")
 
     def _watch(self) -> None:
-        """SIGTERM, or a thread calling termination_watcher_fn, notes a notice on this rank."""
+        """SIGTERM (``rc.preemption_signals``), or a thread calling termination_watcher_fn, notes a
+        notice on this rank."""
         if self._watcher_fn is None:
-            signal.signal(signal.SIGTERM, self._on_signal)
+            for name in rc.preemption_signals:
+                signal.signal(getattr(signal, name), self._on_signal)
             return
         self._stop_watching.clear()
         self._watcher = threading.Thread(target=self._poll_watcher, name=f"mpidist-preemption-watcher-{self._rank}",
@@ -250,8 +256,9 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
     # -- the notice -----------------------------------------------------------------------------------
 
     def notify_termination(self) -> None:
-        """What a SIGTERM (or termination_watcher_fn returning True) does: a termination notice
-        reached this rank; every rank acts on it at the same run. Safe in a signal handler."""
+        """What a SIGTERM (``rc.preemption_signals``) or termination_watcher_fn returning True does: a
+        termination notice reached this rank; every rank acts on it at the same run. Safe in a signal
+        handler."""
         if self._signal_time is None:
             self._signal_time = time.time()
 

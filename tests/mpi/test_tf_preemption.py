@@ -32,11 +32,12 @@ Config = tf.distribute.experimental.TerminationConfig
 
 
 @pytest.fixture(autouse=True)
-def sigterm_restored():
-    """Each handler installs its SIGTERM handler; the next test starts with the previous one."""
-    previous = signal.getsignal(signal.SIGTERM)
+def signals_restored():
+    """Each handler installs its signal handlers; the next test starts with the previous ones."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     yield
-    signal.signal(signal.SIGTERM, previous)
+    for s, handler in previous.items():
+        signal.signal(s, handler)
 
 
 def make(strategy, directory, config=None, resolver=None, manager=False, size=3):
@@ -57,10 +58,10 @@ def step_of(strategy, v):
     return step
 
 
-def train(handler, step, first, last, signal_at=None, signal_rank=None, sleep=0.0):
+def train(handler, step, first, last, signal_at=None, signal_rank=None, sleep=0.0, signum=signal.SIGTERM):
     for i in range(first, last):
         if i == signal_at and this_rank() == signal_rank:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
         handler.run(step)
         if sleep:
             time.sleep(sleep)
@@ -130,6 +131,17 @@ def test_default_exit_is_sys_exit_42_on_every_rank(comm, strategy, shared_dir):
         train(handler, step_of(strategy, v), 0, 20, signal_at=1, signal_rank=0)
     assert same_everywhere(comm, (raised.value.code, handler.total_run_calls)) == (42, 2)
     assert same_everywhere(comm, saved(shared_dir)[0]) == 2
+
+
+def test_the_preemption_signals_setting_adds_sigusr1(comm, strategy, shared_dir, rc_settings):
+    """Under mpirun, which SIGKILLs its ranks 0.2 s after forwarding them a SIGTERM but forwards
+    SIGUSR1 alone: MPIDIST_PREEMPTION_SIGNALS=TERM,USR1."""
+    rc_settings(preemption_signals="TERM,USR1")
+    exits: list[int] = []
+    handler, v, _ = make(strategy, shared_dir, Config(exit_fn=lambda: exits.append(handler.total_run_calls)))
+    assert signal.getsignal(signal.SIGUSR1) == signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+    train(handler, step_of(strategy, v), 0, 6, signal_at=2, signal_rank=comm.Get_size() - 1, signum=signal.SIGUSR1)
+    assert same_everywhere(comm, exits) == [3]
 
 
 def test_a_watcher_on_one_rank_and_a_grace_period(comm, strategy, shared_dir):
