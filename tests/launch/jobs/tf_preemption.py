@@ -2,6 +2,8 @@
 (tf.distribute.experimental) over mpidist's MultiWorkerMirroredStrategy, launched with mpirun.
 
 Usage: tf_preemption.py DIR EPOCHS [--scope] [--exit-code=N]
+  EPOCHS     a number, or +K: no end before a preemption, K more epochs after a restore (one
+             command line for a job and its requeued run)
   default    the loop of the handler's documentation: ``handler.run(train_step, x, y)`` for the
              epochs and steps left after ``handler.total_run_calls``; TensorFlow's default exit_fn
   --scope    ``with handler.watch_preemption_scope():`` train_step, then
@@ -25,7 +27,7 @@ import tensorflow as tf  # noqa: E402
 
 import mpidist  # noqa: E402
 
-checkpoint_dir, num_epochs = sys.argv[1], int(sys.argv[2])
+checkpoint_dir, epochs_arg = sys.argv[1], sys.argv[2]
 scope_mode = "--scope" in sys.argv[3:]
 exit_code = next((int(a.split("=")[1]) for a in sys.argv[3:] if a.startswith("--exit-code=")), None)
 STEPS_PER_EPOCH = 5
@@ -81,6 +83,12 @@ def my_rows(step):
 
 start = {"runs": handler.total_run_calls, "trained_step": int(trained_step.numpy())}
 print(f"START rank={rank} runs={start['runs']} trained_step={start['trained_step']}", flush=True)
+if not epochs_arg.startswith("+"):
+    num_epochs = int(epochs_arg)
+elif start["runs"] or start["trained_step"]:  # restored
+    num_epochs = max(start["runs"], start["trained_step"]) // STEPS_PER_EPOCH + int(epochs_arg[1:])
+else:
+    num_epochs = 10 ** 6
 steps = num_epochs * STEPS_PER_EPOCH
 done = 0
 try:
