@@ -41,10 +41,11 @@ Semantics (TensorFlow's, off Google Cloud):
 How every rank learns of the notice at the same run: one ``LockstepMax`` (mpidist/collectives/
 lockstep.py) on a private clone of the strategy's communicator. Each ``run`` first collects the
 exchange posted at the previous run, then posts its own: two integers, MAX over ranks, (rank + 1 if
-a notice reached this rank, rank + 1 if its watcher raised). A notice between two posts is known
-everywhere one run later, the step TensorFlow's handler saves at too. No per-step round trip: the
-exchange completes during the step's own collectives. A watcher that raises is an error on every
-rank at the same run.
+a notice reached this rank, rank + 1 if its watcher raised). A notice that reaches a rank during
+step k is posted at run k + 1 and acted on by every rank at run k + 2, the run TensorFlow's handler
+saves at too. No per-step round trip: the exchange completes during the step's own collectives. A
+watcher that raises is an error on every rank at the same run. ``notify_termination()`` is what a
+signal does (tests call it, or send the signal).
 
 The save: the chief writes the checkpoint directory, the other ranks follow it (mpidist's
 ``CheckpointManager.save``, mpidist/keras/tf_checkpoint.py: no per-worker temporary directories as
@@ -231,14 +232,14 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
             for name in rc.preemption_signals:
                 signal.signal(getattr(signal, name), self._on_signal)
             return
-        self._stop_watching.clear()
-        self._watcher = threading.Thread(target=self._poll_watcher, name=f"mpidist-preemption-watcher-{self._rank}",
-                                         daemon=True)
+        self._stop_watching = stop = threading.Event()  # each thread its own: one set stays set
+        self._watcher = threading.Thread(target=self._poll_watcher, args=(stop,),
+                                         name=f"mpidist-preemption-watcher-{self._rank}", daemon=True)
         self._watcher.start()
 
-    def _poll_watcher(self) -> None:
+    def _poll_watcher(self, stop: threading.Event) -> None:
         watcher = self._watcher_fn
-        while watcher is not None and not self._stop_watching.is_set():
+        while watcher is not None and not stop.is_set():
             try:
                 if watcher():
                     self.notify_termination()
@@ -248,7 +249,7 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
                 _log.error("mpidist: %s: rank %d: termination_watcher_fn raised %s", self._where, self._rank,
                            self._watch_error)
                 return
-            self._stop_watching.wait(WATCH_SECONDS)
+            stop.wait(WATCH_SECONDS)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.notify_termination()

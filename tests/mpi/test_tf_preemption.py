@@ -125,6 +125,42 @@ def test_a_checkpoint_manager_a_strategy_without_resolver_and_save_checkpoint_if
     assert handler.total_run_calls == 8
 
 
+@pytest.mark.parametrize("notice", ["signal", "watcher"])
+def test_an_exit_fn_that_returns_goes_on_and_a_second_notice_saves_again(comm, strategy, shared_dir, notice):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    flag = threading.Event()
+    exits: list[int] = []
+
+    def exit_fn():
+        exits.append(handler.total_run_calls)
+        flag.clear()
+
+    watcher = flag.is_set if notice == "watcher" else None
+    handler, v, _ = make(strategy, shared_dir, Config(exit_fn=exit_fn, termination_watcher_fn=watcher))
+    step = step_of(strategy, v)
+    # the first notice on the last rank at loop step 2, the second on the chief 10 steps after the first exit
+    second_at = None
+    for i in range(1000):
+        if len(exits) == 2:
+            break
+        if len(exits) == 1 and second_at is None:
+            second_at = i + 10
+        if (i == 2 and rank == size - 1) or (i == second_at and rank == 0):
+            if notice == "signal":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                flag.set()
+        handler.run(step)
+        if notice == "watcher":
+            time.sleep(0.01)
+    got = same_everywhere(comm, exits)
+    if notice == "signal":
+        assert got == [3, 15]  # exit_fn ran inside run 3; second_at = 4 + 10: the notice before run 14
+    else:  # polled every second: later, the same everywhere
+        assert len(got) == 2 and 3 <= got[0] and got[0] + 10 < got[1], got
+    assert same_everywhere(comm, saved(shared_dir)[0]) == got[1]
+
+
 def test_default_exit_is_sys_exit_42_on_every_rank(comm, strategy, shared_dir):
     handler, v, _ = make(strategy, shared_dir)
     with pytest.raises(SystemExit) as raised:
