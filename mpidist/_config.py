@@ -17,7 +17,14 @@ import contextlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
-from .validation import check_choice, check_compression, check_flag, check_nonneg_int, parse_timeout_text
+from .validation import (
+    check_choice,
+    check_compression,
+    check_flag,
+    check_nonneg_int,
+    check_signal_names,
+    parse_timeout_text,
+)
 
 _PREFIX = "MPIDIST_"
 
@@ -58,6 +65,10 @@ def _compression(name: str, value: Any) -> str:
     if isinstance(value, str) and not value.strip():
         return "none"
     return check_compression(value, "mpidist.rc", name)  # type: ignore[return-value]  # None only if optional
+
+
+def _signals(name: str, value: Any) -> tuple[str, ...]:
+    return check_signal_names(value, "mpidist.rc", name)
 
 
 def _path(name: str, value: Any) -> str:
@@ -116,6 +127,11 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
                  "write a Chrome/Perfetto trace of every collective to this path, one file per rank "
                  "('{rank}' in the path is replaced by the rank, else '.rank<N>' goes before the suffix); "
                  "empty = off"),
+    "preemption_signals": (("SIGTERM",), _signals,
+                           "the signals that make TensorFlow's PreemptionCheckpointHandler save and exit under "
+                           "mpidist strategies when its TerminationConfig has no termination_watcher_fn: SIGTERM "
+                           "(TensorFlow's); TERM,USR1 also takes SIGUSR1, which mpirun forwards to the ranks "
+                           "without killing them"),
 }
 
 

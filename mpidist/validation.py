@@ -29,6 +29,7 @@ CollectiveHints, ``MPIAllReduce``; ``rc.bytes_per_pack`` is the last default):
 from __future__ import annotations
 
 import numbers
+import signal
 from typing import Any, Iterable, Literal, overload
 
 NO_DEADLINE = 0.0  # what check_timeout returns for "no deadline, whatever the defaults say"
@@ -172,3 +173,34 @@ def check_rank(value: Any, where: str, name: str, size: int) -> int:
     if not is_integer(value) or not 0 <= value < size:
         raise ValueError(f"{where}: `{name}` must be a rank in [0, {size}), got {value!r}")
     return int(value)
+
+
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def check_signal_names(value: Any, where: str, name: str) -> tuple[str, ...]:
+    """Signals a handler can catch, as their names (``("SIGTERM", "SIGUSR1")``), given as text
+    (``"TERM,USR1"``, ``"SIGTERM SIGUSR1"``), signal numbers or ``signal.Signals``; at least one."""
+    if isinstance(value, str):
+        items: list[Any] = value.replace(",", " ").split()
+    else:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+    names = []
+    for item in items:
+        if isinstance(item, signal.Signals) or is_integer(item):
+            try:
+                found = signal.Signals(int(item)).name
+            except ValueError:
+                found = ""
+        else:
+            text = str(item).strip().upper()
+            found = text if text.startswith("SIG") else "SIG" + text
+            found = found if isinstance(getattr(signal, found, None), signal.Signals) else ""
+        if not found or found in _UNCATCHABLE:
+            raise ValueError(f"{where}: `{name}` must name signals a handler can catch (e.g. TERM,USR1), got "
+                             f"{item!r} in {value!r}")
+        if found not in names:
+            names.append(found)
+    if not names:
+        raise ValueError(f"{where}: `{name}` must name at least one signal (e.g. TERM), got {value!r}")
+    return tuple(names)

@@ -49,8 +49,10 @@ def _install() -> None:
     global _done
     import sys
 
+    from ..tensorflow import preemption
     from . import flavor, tf_checkpoint
     tf_checkpoint.install()
+    preemption.install()  # tf.distribute.experimental.PreemptionCheckpointHandler (mpidist/tensorflow/preemption.py)
     if flavor.is_keras2() or "tf_keras" in sys.modules:
         from . import callbacks, files, predict, shuffle
         files.install_keras2()

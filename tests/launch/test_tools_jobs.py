@@ -48,3 +48,12 @@ def test_tf_bench_smoke(mpirun):
     results = json.JSONDecoder().raw_decode(job.output[job.output.index("{"):])[0]
     rows = results["input step, per-replica batch 32 x 8 (ms)"]
     assert results["ranks"] == 2 and rows and all(ms > 0 for ms in rows.values())
+
+
+def test_lockstep_bench_smoke(mpirun):
+    """The preemption agreement's cost per step (NumPy cases): every case timed, nothing asserted on times."""
+    job = mpirun(2, "-m", "tools.lockstep_bench", "--seconds", "0.3", env=ENV)
+    assert job.returncode == 0, job.output
+    lines = [line for line in job.output.splitlines() if "us/step" in line]
+    assert [line.split("  ")[0] for line in lines] == ["step alone", "lockstep (persistent)", "lockstep (Iallreduce)",
+                                                       "blocking Allreduce"], job.output

@@ -131,3 +131,21 @@ def test_import_alone_leaves_excepthook_untouched_and_the_first_engine_installs_
 def test_abort_on_error_off_installs_nothing():
     _python("import sys\nhook = sys.excepthook\nimport mpidist\nmpidist.Engine()\n"
             "assert sys.excepthook is hook\n", MPIDIST_ABORT_ON_ERROR="0")
+
+
+def test_preemption_signals_names_catchable_signals():
+    import signal
+
+    from mpidist import rc
+    assert rc.preemption_signals == ("SIGTERM",)  # TensorFlow's own trigger
+    with rc.override(preemption_signals="TERM, usr1"):
+        assert rc.preemption_signals == ("SIGTERM", "SIGUSR1")
+    with rc.override(preemption_signals=[signal.SIGUSR1, int(signal.SIGTERM), "SIGUSR1"]):
+        assert rc.preemption_signals == ("SIGUSR1", "SIGTERM")
+    for bad, shown in (("KILL", "'KILL'"), ("TERM,NOPE", "'NOPE'"), (999, "999")):
+        with pytest.raises(ValueError, match=f"`preemption_signals` must name signals a handler can catch "
+                                             f"\\(e.g. TERM,USR1\\), got {shown}"):
+            rc.preemption_signals = bad
+    with pytest.raises(ValueError, match="must name at least one signal"):
+        rc.preemption_signals = " "
+    assert rc.preemption_signals == ("SIGTERM",)
