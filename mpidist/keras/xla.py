@@ -20,9 +20,12 @@ XLA, and the optimizer update as a second XLA function. This module connects Ker
   picks XLA on a machine with a GPU when the model supports it, but never under a
   ``tf.distribute`` strategy. Under an mpidist strategy it picks as without a strategy.
 
-tf_keras models compiled with ``jit_compile=True`` need nothing more: tf_keras compiles the
-per-replica step (``tf.function(run_step, jit_compile=True)``) and hands it to ``strategy.run``,
-which splits it (``xla.maybe_split``). tf_keras never picks XLA by itself.
+tf_keras models compiled with ``jit_compile=True``: tf_keras compiles the per-replica step
+(``tf.function(run_step, jit_compile=True)``) and hands it to ``strategy.run``, which splits it
+(``xla.maybe_split``). Its step also all-reduces the metric results it returns (``metric.result()``
+in a replica context reads the sync-on-read metric variables across replicas):
+``Model.get_metrics_result`` hands that to ``xla.defer_output``, which makes it after the compiled
+parts. tf_keras never picks XLA by itself.
 
 Every patch acts for models and optimizers under an mpidist strategy of any number of ranks
 (XLA cannot compile mpidist's collective even at one rank); anything else is plain Keras.
@@ -182,9 +185,17 @@ def _keras2_optimizer_variables(optimizer: Any) -> list[Any]:
         return []
 
 
+def _keras2_get_metrics_result(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_metrics_result(self: Any) -> Any:
+        return xla.defer_output(lambda: original(self))
+    return get_metrics_result
+
+
 def install_keras2() -> None:
-    """The tf_keras patches (its optimizers' ``apply_gradients``)."""
+    """The tf_keras patches (its optimizers' ``apply_gradients``; ``Model.get_metrics_result``,
+    whose all-reduce of the metric results runs after the compiled parts of a split step)."""
     import tf_keras
+    patching.patch(tf_keras.Model, "get_metrics_result", _keras2_get_metrics_result)
     bases = [tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer]
     classes: list[type] = []
     for base in bases:

@@ -135,6 +135,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
             if all(f is not None for f in found):
                 return tf.nest.pack_sequence_as(value, found)
         leaves = [tf.convert_to_tensor(self.local_value(v)) for v in flat]
+        if axis is None and xla.reading_locally():  # a placeholder traced by xla.defer_output
+            return tf.nest.pack_sequence_as(value, leaves)
         call = self.call_options(options, where)
         reduced = reductions.reduce_tensors(self._reduce_engine, op, leaves, axis, call, where)
         return tf.nest.pack_sequence_as(value, reduced)

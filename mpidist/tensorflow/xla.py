@@ -93,6 +93,8 @@ class _Trace:
         self.updates: list[_Update] = []
         self.mark: int | None = None  # number of ops in the graph when the first update was recorded
         self.update_function: Any = None  # part 3, made on first use
+        self.outputs: list[tuple[Callable[[], Any], Any]] = []  # defer_output: (compute, placeholder)
+        self.slots: list[list[tuple[int, int]]] = []  # (placeholder leaf, place in the step's flat output)
 
     def gradients(self) -> list[Any]:
         return [g for u in self.updates for g in u.gradients]
@@ -168,6 +170,31 @@ def defer_update(gradients: Sequence[Any], replay: Callable[[list[Any]], Any], v
         trace.mark = len(graph.get_operations())
     trace.updates.append(_Update(gradients, replay, handles, names, label))
     return True
+
+
+def defer_output(compute: Callable[[], Any]) -> Any:
+    """``compute()``, a nest of tensors the step returns (e.g. tf_keras's metric results, which it
+    all-reduces every step), made outside XLA. In part 1 of a split step it is traced with the
+    cross-replica reads of sync-on-read variables (what the metric results are made of) left
+    local, no collective: that placeholder is returned, and the split step replaces it in the
+    step's outputs by ``compute()`` made after the compiled parts. Elsewhere: ``compute()``."""
+    trace = _top("collecting")
+    if trace is None or not _tf_private.in_xla_context():
+        return compute()
+    stack = _stack("local_reads")
+    stack.append(trace)
+    try:
+        placeholder = compute()
+    finally:
+        stack.pop()
+    trace.outputs.append((compute, placeholder))
+    return placeholder
+
+
+def reading_locally() -> bool:
+    """Whether a cross-replica read of a sync-on-read variable now gives this replica's value (no
+    collective): while ``defer_output`` traces its placeholder."""
+    return _top("local_reads") is not None and _tf_private.in_xla_context()
 
 
 class _Replay:
@@ -270,14 +297,21 @@ class SplitStep:
                                f"context")
         out, gradients = self.forward_backward(*args, **kwargs)
         trace = self._traces[self.forward_backward.get_concrete_function(*args, **kwargs).graph]
-        if not trace.updates:
+        if trace.updates:
+            reduced = context.all_reduce(ReduceOp.SUM.value, list(gradients))
+            if trace.update_function is None:
+                trace.update_function = tf.function(
+                    _named(lambda *g: self._part3(trace, list(g)), f"{self.name}_update"), jit_compile=True,
+                    autograph=False)
+            trace.update_function(*reduced)
+        if not trace.outputs:
             return out
-        reduced = context.all_reduce(ReduceOp.SUM.value, list(gradients))
-        if trace.update_function is None:
-            trace.update_function = tf.function(_named(lambda *g: self._part3(trace, list(g)), f"{self.name}_update"),
-                                                jit_compile=True, autograph=False)
-        trace.update_function(*reduced)
-        return out
+        flat = tf.nest.flatten(out)
+        for (compute, _), slots in zip(trace.outputs, trace.slots):  # after the update, as in the step
+            values = tf.nest.flatten(compute())
+            for k, slot in slots:
+                flat[slot] = values[k]
+        return tf.nest.pack_sequence_as(out, flat)
 
     def _part1(self, *args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
         graph = tf.compat.v1.get_default_graph()
@@ -289,6 +323,7 @@ class SplitStep:
         finally:
             stack.pop()
         trace.check_no_use_after_update()
+        trace.slots = [_slots(self.name, out, placeholder) for _, placeholder in trace.outputs]
         self._traces[graph] = trace
         return out, trace.gradients()
 
@@ -310,6 +345,25 @@ class SplitStep:
                     f"update (jit_compile=True under an mpidist strategy), but mpidist summed them over the "
                     f"replicas before it: an optimizer that does not aggregate gradients (told to skip "
                     f"aggregation) cannot be split this way. Use jit_compile=False for this step")
+
+
+def _slots(step: str, out: Any, placeholder: Any) -> list[tuple[int, int]]:
+    """(leaf of ``placeholder``, its place in the flat output ``out``) for the leaves of a
+    ``defer_output`` the step returns; an error if the step computes anything from one (it holds
+    this replica's values, not the all-reduced ones the step would see)."""
+    where = {id(leaf): i for i, leaf in enumerate(tf.nest.flatten(out))}
+    slots = []
+    for k, leaf in enumerate(tf.nest.flatten(placeholder)):
+        used = [op.name for op in getattr(leaf, "consumers", lambda: [])()]
+        if used:
+            raise XlaCollectiveError(None, None,
+                f"{step}: computes from a value made with a collective (metric results all-reduced over the "
+                f"replicas; used by op `{used[0]}`), which mpidist can only make after the step's compiled parts "
+                f"(jit_compile=True under an mpidist strategy). Return such values as they are, or use "
+                f"jit_compile=False")
+        if id(leaf) in where:
+            slots.append((k, where[id(leaf)]))
+    return slots
 
 
 def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -339,6 +393,12 @@ def split(fn: Any) -> SplitStep:
         found = _splits[fn] = SplitStep(fn.python_function, name, autograph=True,
                                         input_signature=fn.input_signature)
     return found
+
+
+def split_steps() -> list[SplitStep]:
+    """The ``SplitStep`` of every live ``tf.function(jit_compile=True)`` that ``strategy.run`` has
+    split (``forward_backward`` and ``update_functions()`` are what XLA compiles)."""
+    return list(_splits.values())
 
 
 def maybe_split(fn: Any) -> Any:
