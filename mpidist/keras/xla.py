@@ -61,6 +61,8 @@ def _replayed(grads: list[Any], run: Callable[[list[Any]], Any]) -> Callable[[li
 
 def _keras3_apply(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        if not xla.collecting():
+            return original(self, grads, trainable_variables)
         grads = list(grads)
         present = [g for g in grads if g is not None]
         if present:
@@ -145,6 +147,8 @@ def install() -> None:
 
 def _keras2_apply_gradients(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        if not xla.collecting():
+            return original(self, grads_and_vars, *args, **kwargs)
         pairs = list(grads_and_vars)
         grads = [g for g, _ in pairs]
         variables = [v for _, v in pairs]

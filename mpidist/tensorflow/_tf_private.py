@@ -138,6 +138,7 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
     _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint", "_maybe_delete"),
     _TF + "ops.resource_variable_ops.BaseResourceVariable": ("_as_graph_element",),  # what a v1 Session fetches
     _TF + "client.session.BaseSession": ("_make_callable_from_options",),  # how tf_keras runs v1 graphs
+    _TF + "eager.polymorphic_function.polymorphic_function.Function": ("_autograph",),  # xla.split: as tf.function
 }
 
 
@@ -218,6 +219,12 @@ def xla_function_name() -> str:
             return str(getattr(graph, "name", "?"))
         graph = outer
     return str(getattr(innermost, "name", "?"))
+
+
+def function_autograph(function: Any) -> bool:
+    """Whether a ``tf.function`` converts its Python function with AutoGraph (``Function._autograph``;
+    True, tf.function's default, where it has no such attribute)."""
+    return bool(getattr(function, "_autograph", True))
 
 
 def in_v1_control_flow(op: Any) -> bool:

@@ -133,6 +133,12 @@ def _top(name: str) -> Any:
     return stack[-1] if stack else None
 
 
+def collecting() -> bool:
+    """Whether part 1 of a split step is being traced here (``defer_update`` would record): the
+    optimizer patches check this first, so that everywhere else they cost one call."""
+    return _top("collecting") is not None and _tf_private.in_xla_context()
+
+
 def defer_update(gradients: Sequence[Any], replay: Callable[[list[Any]], Any], variables: Sequence[Any],
                  label: str, names: Sequence[str] | None = None) -> bool:
     """Called by an optimizer's ``apply`` / ``apply_gradients`` at its entry with the gradients it
@@ -141,9 +147,9 @@ def defer_update(gradients: Sequence[Any], replay: Callable[[list[Any]], Any], v
     ``name``). True when the update was recorded for part 3 of the
     step being traced (the optimizer must then return without doing anything); False when no
     split step is being traced at this level (the optimizer runs as always)."""
-    trace = _top("collecting")
-    if trace is None or not _tf_private.in_xla_context():
+    if not collecting():
         return False
+    trace = _top("collecting")
     graph = tf.compat.v1.get_default_graph()
     if graph is not trace.graph:
         raise XlaCollectiveError(None, None,
@@ -390,7 +396,7 @@ def split(fn: Any) -> SplitStep:
     found = _splits.get(fn)
     if found is None:
         name = str(getattr(fn, "__name__", None) or getattr(fn.python_function, "__name__", "step"))
-        found = _splits[fn] = SplitStep(fn.python_function, name, autograph=True,
+        found = _splits[fn] = SplitStep(fn.python_function, name, autograph=_tf_private.function_autograph(fn),
                                         input_signature=fn.input_signature)
     return found
 

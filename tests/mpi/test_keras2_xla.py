@@ -96,17 +96,20 @@ def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, monkeypa
             compile_model(model, kind, jit)
         model.set_weights(weights)
         history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        history.history["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
         results[jit] = model.get_weights(), history.history, float(model.optimizer.iterations)
-    compiled = [s for s in splits if s.name == "run_step"][-1]  # tf_keras's per-replica train step
-    for function in [compiled.forward_backward] + compiled.update_functions():
-        assert function.function_spec.jit_compile is True and function.experimental_get_tracing_count() >= 1
-    assert len(compiled.update_functions()) >= 1
+    train = [s for s in splits if s.name == "run_step" and s.update_functions()]  # tf_keras's per-replica steps
+    assert len(train) == 1 and len(splits) == 2  # the train step and evaluate's test step, split
+    for split in splits:
+        for function in [split.forward_backward] + split.update_functions():
+            assert function.function_spec.jit_compile is True and function.experimental_get_tracing_count() >= 1
 
     def single_process():
         model = mlp()
         compile_model(model, kind, True)
         model.set_weights(weights)
         history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        history.history["evaluate"] = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
         return model.get_weights(), history.history, float(model.optimizer.iterations)
 
     ref_weights, ref_history, ref_iterations = on_chief(comm, single_process)
@@ -114,7 +117,7 @@ def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, monkeypa
         assert iterations == ref_iterations == 2 * len(x) // GLOBAL_BATCH
         assert_same_on_every_rank(comm, weights_)
         assert_close(weights_, ref_weights)
-        for key in ("loss", "accuracy"):
+        for key in ("loss", "accuracy", "evaluate"):  # epoch logs and evaluate: global, as one process
             np.testing.assert_allclose(history[key], ref_history[key], rtol=TOL)
     assert_close(results[True][0], results[False][0])
 
