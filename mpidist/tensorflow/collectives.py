@@ -25,7 +25,7 @@ XLA cannot compile a ``numpy_function``: tracing a collective for XLA raises
 :class:`XlaCollectiveError` at once, naming the function being compiled and what to do, instead
 of TensorFlow's later "No registered 'PyFunc' OpKernel for XLA_CPU_JIT". A training step compiled
 with ``jit_compile=True`` under an mpidist strategy is split around its gradients' all-reduce
-instead (xla.py).
+instead (xla.py, xla_record.py).
 
 bfloat16 tensors travel as float32 (MPI has no such type) and are cast back.
 
@@ -44,8 +44,8 @@ import tensorflow as tf
 from ..collectives.gpu.cupy_arrays import is_device_array
 from ..collectives.options import CallOptions  # the engine's one per-call options type
 from ..errors import CollectiveMismatchError
-from . import _tf_private, deadline_op, gpu_bridge, xla
-from .xla import XlaCollectiveError
+from . import _tf_private, deadline_op, gpu_bridge, xla_record
+from .xla_record import XlaCollectiveError
 
 DEFAULT = CallOptions()
 
@@ -53,7 +53,7 @@ DEFAULT = CallOptions()
 def check_not_xla(where: str) -> None:
     """Raise :class:`XlaCollectiveError` (why, naming the function, and what to do) while tracing for XLA."""
     if _tf_private.in_xla_context():
-        raise XlaCollectiveError(None, None, xla.xla_message(where))
+        raise XlaCollectiveError(None, None, xla_record.xla_message(where))
 
 
 def in_v1_control_flow(op: Any) -> bool:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from ..cross_device import local_value
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, cross_device, reductions, variables, xla
+from . import _tf_private, collectives, cross_device, reductions, variables, xla, xla_record
 from . import input as input_lib
 from .replica_context import MPIReplicaContext
 
@@ -135,7 +135,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
             if all(f is not None for f in found):
                 return tf.nest.pack_sequence_as(value, found)
         leaves = [tf.convert_to_tensor(self.local_value(v)) for v in flat]
-        if axis is None and xla.reading_locally():  # a placeholder traced by xla.defer_output
+        if axis is None and xla_record.reading_locally():  # a placeholder traced by xla.defer_output
             return tf.nest.pack_sequence_as(value, leaves)
         call = self.call_options(options, where)
         reduced = reductions.reduce_tensors(self._reduce_engine, op, leaves, axis, call, where)
@@ -251,7 +251,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
         op = reductions.parse_op(reduce_op, where)
-        reduced = xla.pre_reduced(op, [self.local_value(v) for v in tf.nest.flatten(value)], where)
+        reduced = xla_record.pre_reduced(op, [self.local_value(v) for v in tf.nest.flatten(value)], where)
         if reduced is not None:  # in the compiled update of a split step (xla.py)
             return tf.nest.pack_sequence_as(value, reduced)
         return self.reduce_nest(op, value, None, options, where)
@@ -265,7 +265,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         self._require_cross_replica(where)
         values = [v for v, _ in value_destination_pairs]
         op = reductions.parse_op(reduce_op, where)
-        reduced = xla.pre_reduced(op, [self.local_value(v) for v in values], where)
+        reduced = xla_record.pre_reduced(op, [self.local_value(v) for v in values], where)
         if reduced is not None:  # in the compiled update of a split step (xla.py)
             return reduced
         return list(self.reduce_nest(op, values, None, options, where))
