@@ -48,12 +48,22 @@ def data(n: int = 96, seed: int = 0):
     return x, y
 
 
-def mlp():
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+def mlp(embedding: bool = False):
+    if embedding:  # inputs read as 8 token ids (x scaled, clipped to 0..31): sparse gradients (IndexedSlices)
+        first = [keras.layers.Lambda(lambda t: keras.ops.cast(keras.ops.clip(t * 4 + 16, 0, 31), "int32")),
+                 keras.layers.Embedding(32, 4), keras.layers.Flatten()]
+    else:
+        first = []
+    return keras.Sequential([keras.Input((8,))] + first + [keras.layers.Dense(16, activation="relu"),
+                                                           keras.layers.Dense(3)])
 
 
 def optimizer(kind: str):
-    return keras.optimizers.SGD(0.1, momentum=0.9) if kind == "sgd" else keras.optimizers.Adam(0.01)
+    if kind == "sgd":
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+    if kind == "adam_accumulate":  # the update in a cond, every second step
+        return keras.optimizers.Adam(0.01, gradient_accumulation_steps=2)
+    return keras.optimizers.Adam(0.01)
 
 
 def loss_fn(reduction="sum_over_batch_size"):
@@ -107,18 +117,19 @@ def assert_compiled(split, before: set[str], update: bool = True):
             assert any(f"_{name}_" in module for module in new), f"XLA compiled no module for {name}: {sorted(new)}"
 
 
-@pytest.mark.parametrize("kind, steps_per_execution", [("adam", 1), ("sgd", 2)])
-def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, steps_per_execution):
+@pytest.mark.parametrize("kind, steps_per_execution, embedding", [
+    ("adam", 1, False), ("sgd", 2, False), ("adam_accumulate", 1, True)])
+def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, steps_per_execution, embedding):
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     x, y = data()
     with strategy.scope():
-        initial = mlp()
+        initial = mlp(embedding)
     weights = initial.get_weights()
     assert_same_on_every_rank(comm, weights)
     results = {}
     for jit in (False, True):
         with strategy.scope():
-            model = mlp()
+            model = mlp(embedding)
             model.compile(optimizer=optimizer(kind), loss=loss_fn(), metrics=["accuracy"], jit_compile=jit,
                           steps_per_execution=steps_per_execution)
         model.set_weights(weights)
@@ -130,7 +141,7 @@ def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, steps_pe
         results[jit] = model.get_weights(), history.history
 
     def single_process():
-        model = mlp()
+        model = mlp(embedding)
         model.compile(optimizer=optimizer(kind), loss=loss_fn(), metrics=["accuracy"], jit_compile=True)
         model.set_weights(weights)
         history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
