@@ -96,8 +96,9 @@ def _make_function(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def split_steps(model: Any) -> list[Any]:
-    """The ``SplitStep`` objects made for a Keras 3 ``model``'s step functions so far (train step
-    first; ``forward_backward`` and ``update_functions()`` are the functions XLA compiles)."""
+    """The ``SplitStep`` objects made for a Keras 3 ``model``'s step functions so far, in the order
+    made (named after the step: ``train_step``, ``test_step``; ``forward_backward`` and
+    ``update_functions()`` are the functions XLA compiles)."""
     return list(_made.get(model, ()))
 
 
