@@ -260,16 +260,35 @@ def test_unseeded_shuffles_agree_across_ranks(eng, comm, source):
     assert len({tuple(o) for o in orders}) == EPOCHS and orders[0] != list(range(ROWS)), orders
 
 
+class _ChiefVariables(keras.callbacks.Callback):
+    """Creates variables on the chief alone at each epoch's end (tf_keras's fit runs callbacks inside
+    the strategy's scope): a tf.Variable and a legacy optimizer's, and counts with them."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank, self.counts = rank, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0:
+            count = tf.Variable(float(epoch))
+            count.assign_add(tf.cast(keras.optimizers.legacy.SGD(1.0).iterations, tf.float32) + 1)  # made here
+            self.counts.append(float(count.numpy()))
+            assert not isinstance(count, tf.distribute.DistributedValues)  # this rank's own
+
+
 def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
     """tf_keras's own multi-worker file handling (non-chiefs write to a temporary directory named by
-    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only."""
+    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only.
+    A callback that creates variables on the chief alone does not stop the others."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     x, y = dataset_arrays(32, seed=5)
     with strategy.scope():
         model = build_model("sgd")
+    chief_variables = _ChiefVariables(comm.Get_rank())
     callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(shared_dir, "model-{epoch}.h5")),
-                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs"))]
+                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs")), chief_variables]
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=callbacks)
+    assert chief_variables.counts == ([1.0, 2.0] if comm.Get_rank() == 0 else [])
     comm.Barrier()
     assert sorted(os.listdir(shared_dir)) == ["logs", "model-1.h5", "model-2.h5"]
     restored = keras.models.load_model(os.path.join(shared_dir, "model-2.h5"))

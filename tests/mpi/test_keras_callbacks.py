@@ -1,8 +1,10 @@
 """Keras callbacks that write files, under an mpidist strategy, with unchanged user code: one
 writer (the chief), atomic, readable by every rank when the callback returns, errors on every rank;
-training equal to one process's."""
+training equal to one process's. ``fit`` called inside ``strategy.scope()`` too (``in_scope``): what
+a save or a callback creates there is the rank's own (no collective), so nothing waits for it."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 
@@ -37,21 +39,27 @@ def no_temporary_files(directory):
     assert not [f for f in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if "mpidist-tmp" in f]
 
 
-@pytest.mark.parametrize("name, weights_only, best_only, save_freq", [
-    ("w.weights.h5", True, False, "epoch"),
-    ("m.keras", False, False, "epoch"),
-    ("best.keras", False, True, "epoch"),
-    ("e{epoch:02d}.weights.h5", True, True, "epoch"),
-    ("sub/dir/b.weights.h5", True, False, 3),  # every 3 batches (4 batches per epoch); directories made
+def scope_if(strategy, in_scope):
+    """``strategy.scope()`` when ``in_scope`` (fit called inside it, as TensorFlow's docs also do)."""
+    return strategy.scope() if in_scope else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("name, weights_only, best_only, save_freq, in_scope", [
+    ("w.weights.h5", True, False, "epoch", True),
+    ("m.keras", False, False, "epoch", False),
+    ("best.keras", False, True, "epoch", True),
+    ("e{epoch:02d}.weights.h5", True, True, "epoch", False),
+    ("sub/dir/b.weights.h5", True, False, 3, True),  # every 3 batches (4 batches per epoch); directories made
 ])
-def test_model_checkpoint(strategy, comm, shared_dir, name, weights_only, best_only, save_freq):
+def test_model_checkpoint(strategy, comm, shared_dir, name, weights_only, best_only, save_freq, in_scope):
     x, y = data()
     with strategy.scope():
         model = build_model()
     path = os.path.join(shared_dir, name)
     callback = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=best_only,
                                                save_weights_only=weights_only, save_freq=save_freq)
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[callback])
+    with scope_if(strategy, in_scope):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[callback])
     written = same_everywhere(comm, sorted(os.path.relpath(f, shared_dir)
                                            for f in glob.glob(os.path.join(shared_dir, "**", "*.*"), recursive=True)))
     assert written, "nothing written"
@@ -225,10 +233,12 @@ def canary_data():
     return rng.random((10, 3)).astype(np.float32), rng.random((10, 1)).astype(np.float32)
 
 
-@pytest.mark.parametrize("case", ["step", "epoch", "corrupted"])
-def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
+@pytest.mark.parametrize("case, in_scope", [("step", True), ("step", False), ("epoch", True), ("epoch", False),
+                                            ("corrupted", True)])
+def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case, in_scope):
     """Interrupted on every rank (after 2 batches, or 2 epochs), resumed from the backup: the
-    callback's counters and the model's state are Keras's single-process ones, on every rank."""
+    callback's counters and the model's state are Keras's single-process ones, on every rank; the
+    backup is deleted at the end."""
     backup = os.path.join(shared_dir, "subdir")
     x, y = canary_data()
     with strategy.scope():
@@ -239,7 +249,7 @@ def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
     else:
         cbk = keras.callbacks.BackupAndRestore(backup, save_freq="epoch", double_checkpoint=case == "corrupted")
         interrupt, epochs, done = Interrupting(epochs=2), 6, (2, 6)
-    with pytest.raises(RuntimeError, match="Interruption"):
+    with pytest.raises(RuntimeError, match="Interruption"), scope_if(strategy, in_scope):
         model.fit(x, y, batch_size=4, callbacks=[cbk, interrupt], epochs=epochs, verbose=0)
     assert os.path.exists(backup)
     assert (cbk._current_epoch, int(model.layers[0].counter.value)) == done
@@ -252,17 +262,39 @@ def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
             with open(cbk._weights_path, "w") as f:
                 f.write("0")
         comm.Barrier()
-    history = model.fit(x, y, batch_size=4, callbacks=[cbk], epochs=5, verbose=0)
+    with scope_if(strategy, in_scope):
+        history = model.fit(x, y, batch_size=4, callbacks=[cbk], epochs=5, verbose=0)
     assert cbk._current_epoch == 5 and history.epoch[-1] == 4
     assert same_everywhere(comm, int(model.layers[0].counter.value)) == (17 if case == "step" else 15)
     assert not os.path.exists(backup)
 
 
-def test_keras_backup_deleted_after_training(strategy, comm, shared_dir):
-    backup = os.path.join(shared_dir, "subdir")
-    x, y = canary_data()
+class ChiefVariables(keras.callbacks.Callback):
+    """Creates variables on the chief alone at each epoch's end: a tf.Variable and a Keras optimizer
+    (what Keras's own saving code builds), and counts with them."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank, self.counts = rank, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0:
+            count = tf.Variable(float(epoch))
+            count.assign_add(keras.optimizers.SGD(1.0).learning_rate)
+            self.counts.append(float(count.numpy()))
+            assert not isinstance(count, tf.distribute.DistributedValues)  # this rank's own
+
+
+@pytest.mark.parametrize("in_scope", [True, False])
+def test_a_callback_creates_variables_on_the_chief_alone(strategy, comm, in_scope):
+    x, y = data(seed=6)
     with strategy.scope():
-        model = canary_model()
-    model.fit(x, y, batch_size=4, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq="epoch")],
-              epochs=2, verbose=0)
-    assert same_everywhere(comm, os.path.exists(backup)) is False
+        model = build_model()
+    callback = ChiefVariables(comm.Get_rank())
+    with scope_if(strategy, in_scope):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
+    assert callback.counts == ([1.0, 2.0] if comm.Get_rank() == 0 else [])
+    everyone = comm.allgather(model.get_weights())  # the ranks trained on in step
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other):
+            np.testing.assert_array_equal(a, b)
