@@ -11,6 +11,8 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 - ``files``: ``model.save`` / ``save_weights`` (Keras's saving functions): each path written once,
   atomically, whichever ranks save;
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
+- ``clipping``: ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` of Keras 3 optimizers clip the
+  gradient summed over the replicas, as one process clips the global batch's;
 - ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write``, ``CheckpointManager.save``, whichever
   ranks save (every rank to one path or to paths of their own, or the chief alone).
 
@@ -65,11 +67,12 @@ def _install() -> None:
     if not keras.__version__.startswith("3."):
         _log.warning("mpidist: Keras %s is not Keras 3; its integration is not installed", keras.__version__)
     else:
-        from . import callbacks, files, predict, shuffle
+        from . import callbacks, clipping, files, predict, shuffle
         files.install()
         callbacks.install()
         predict.install()
         shuffle.install()
+        clipping.install()
     _done = True
 
 

@@ -189,6 +189,63 @@ def test_custom_training_loop_equals_single_process(eng, comm, optimizer):
     np.testing.assert_allclose(accuracies, ref_accuracies, rtol=TOL)
 
 
+CLIPS = {"clipnorm": 0.05, "global_clipnorm": 0.05, "clipvalue": 0.01}  # far below the gradients here
+CLIP_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("optimizer, clip, how", [
+    ("sgd", "clipnorm", "fit"), ("legacy_sgd", "global_clipnorm", "fit"), ("sgd", "clipvalue", "fit"),
+    ("legacy_sgd", "clipnorm", "apply_gradients"), ("sgd", "global_clipnorm", "apply_gradients"),
+])
+def test_clipping_acts_on_the_global_gradient(eng, comm, optimizer, clip, how):
+    """tf_keras's optimizers (current and legacy) sum the replicas' gradients before they clip: equal
+    to one process on the same global batches, in fit and in a custom loop."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4 * CLIP_BATCH, 8)).astype(np.float32)
+    y = 5 * rng.normal(size=(len(x), 2)).astype(np.float32)
+
+    def build(clipping):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)])
+        opt = keras.optimizers.legacy.SGD(0.1) if optimizer == "legacy_sgd" else keras.optimizers.SGD(0.1)
+        if clipping is not None:
+            setattr(opt, clipping, CLIPS[clipping])
+        model.compile(opt, "mse")
+        return model
+
+    def train(model, strategy):
+        if how == "fit":
+            model.fit(x, y, batch_size=CLIP_BATCH, epochs=2, shuffle=False, verbose=0)
+            return
+
+        def replica_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.reduce_mean(tf.square(model(xb) - yb), axis=-1)) / CLIP_BATCH
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(CLIP_BATCH).repeat(2))
+        step = tf.function(lambda xb, yb: strategy.run(replica_step, args=(xb, yb)))
+        for xb, yb in dataset:
+            step(xb, yb)
+
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    with strategy.scope():
+        model = build(clip)
+    initial = model.get_weights()
+    train(model, strategy)
+
+    def one_process(clipping):
+        reference = build(clipping)  # no strategy
+        reference.set_weights(initial)
+        train(reference, tf.distribute.get_strategy())
+        return reference.get_weights()
+    expected, unclipped = on_chief(comm, lambda: (one_process(clip), one_process(None)))
+    assert max(np.abs(a - b).max() for a, b in zip(expected, unclipped)) > 1e-3  # the clipping acted
+    assert_same_on_every_rank(comm, model.get_weights())
+    assert_close(model.get_weights(), expected)
+
+
 def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm):
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     tf.random.set_seed(eng.rank)  # a different initial draw on every rank: rank 0's must win
