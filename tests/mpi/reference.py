@@ -65,6 +65,22 @@ def assert_same(result, expected) -> None:
     np.testing.assert_array_equal(result, expected)
 
 
+FLOAT32_RTOL = 1e-5
+
+
+def assert_float32_close(got, want, rtol: float = FLOAT32_RTOL) -> None:
+    """``got`` equals ``want`` as far as float32 allows when the two were computed with different
+    batch shapes, rank counts, execution modes (eager or tf.function: grappler and oneDNN fuse
+    kernels) or summation orders: BLAS and oneDNN pick kernels and blockings by shape and CPU, so the
+    sums inside a layer round differently (a Dense layer's predictions at two batch shapes: 3.9e-6
+    relative apart on one CPU, 1e-7 on another). The rounding error of a sum is a few units of
+    float32's epsilon (1.2e-7) times the magnitude of its terms, which an output near zero does not
+    show: ``rtol`` of each value, and of the largest value as the absolute tolerance."""
+    want = np.asarray(want)
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=rtol * scale)
+
+
 def same_everywhere(comm, value):
     """Assert that ``value`` is equal on every rank of ``comm`` (every rank's value in the message);
     returns it."""
