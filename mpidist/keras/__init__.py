@@ -13,6 +13,7 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
 - ``clipping``: ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` of Keras 3 optimizers clip the
   gradient summed over the replicas, as one process clips the global batch's;
+- ``loss_scale``: dynamic loss scaling (``mixed_float16``) skips a step on every rank or on none;
 - ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write``, ``CheckpointManager.save``, whichever
   ranks save (every rank to one path or to paths of their own, or the chief alone).
 
@@ -67,12 +68,13 @@ def _install() -> None:
     if not keras.__version__.startswith("3."):
         _log.warning("mpidist: Keras %s is not Keras 3; its integration is not installed", keras.__version__)
     else:
-        from . import callbacks, clipping, files, predict, shuffle
+        from . import callbacks, clipping, files, loss_scale, predict, shuffle
         files.install()
         callbacks.install()
         predict.install()
         shuffle.install()
         clipping.install()
+        loss_scale.install()
     _done = True
 
 
