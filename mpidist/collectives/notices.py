@@ -42,7 +42,8 @@ every ``_ASK_EVERY`` seconds from then on, never blocking), and:
   job). Found within seconds, whatever the settings;
 - after ``rc.stall_seconds`` (60 s when None) a warning says who waits for whom and where the chief is;
 - after ``rc.timeout_seconds`` (when set) the follower raises
-  :class:`mpidist.errors.DeadlineExceededError` saying the same, and tells the chief, whose save
+  :class:`mpidist.errors.DeadlineExceededError` saying the same (given up to ``_LAST_ANSWER``
+  seconds more to learn where the chief is, if it has not said yet), and tells the chief, whose save
   raises it too when it ends; after ``rc.stall_abort_seconds`` (when set) the job is aborted, as for
   a collective.
 """
@@ -65,6 +66,7 @@ TAG = 0x6D70  # "mp"
 _GAVE_UP = TAG + 1  # a follower to the chief: it stopped waiting for a save (rc.timeout_seconds)
 _ASK_EVERY = 0.5  # seconds between a follower's questions to the chief (the first after as long)
 _WARN_AFTER = 60.0
+_LAST_ANSWER = 2.0  # seconds a follower past its deadline waits for the chief to say where it is
 _MAX_TEXT = 1000
 
 
@@ -222,12 +224,26 @@ def follow(engine: Any, save: Save, path: str) -> Notice | None:
                        _waiting(comm.Get_rank(), save, path, waited, chief))
             MPI.COMM_WORLD.Abort(1)
         if rc.timeout_seconds and waited >= rc.timeout_seconds:
+            if chief is None and monitor is not None:  # not answered yet: a busy machine; let it say where
+                chief = _answer_within(monitor, _LAST_ANSWER)
             text = _waiting(comm.Get_rank(), save, path, waited, chief)
             board.sends.append(comm.isend((save.kind, save.position, save.number, comm.Get_rank(), text),
                                           dest=0, tag=_GAVE_UP))
             raise errors.deadline_exceeded(f"mpidist: {text} (rc.timeout_seconds={rc.timeout_seconds:g})")
         time.sleep(nap)
         nap = min(nap * 2, 0.01)
+
+
+def _answer_within(monitor: Any, seconds: float) -> dict[str, Any] | None:
+    """The chief's answer to a new question, if it comes within ``seconds``."""
+    monitor.ask(0)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        answer = monitor.answer(0)
+        if answer is not None:
+            return answer
+        time.sleep(0.01)
+    return None
 
 
 def _blocked(chief: dict[str, Any], save: Save) -> bool:

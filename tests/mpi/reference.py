@@ -81,6 +81,19 @@ def assert_float32_close(got, want, rtol: float = FLOAT32_RTOL) -> None:
     np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=rtol * scale)
 
 
+CLIPS = {"clipnorm": 0.05, "global_clipnorm": 0.05, "clipvalue": 0.01}  # optimizer arguments of clipping tests
+
+
+def clipping_acts(clip: str, grads) -> bool:
+    """Whether an optimizer made with ``{clip: CLIPS[clip]}`` clips gradients ``grads`` (arrays, one
+    per variable), with a margin of 2: a clipping test that did not clip could not fail."""
+    grads = [np.asarray(g, np.float64) for g in grads]
+    measure = {"clipnorm": max(np.linalg.norm(g) for g in grads),
+               "global_clipnorm": np.sqrt(sum(np.sum(g * g) for g in grads)),
+               "clipvalue": max(np.abs(g).max() for g in grads)}[clip]
+    return bool(measure > 2 * CLIPS[clip])
+
+
 def same_everywhere(comm, value):
     """Assert that ``value`` is equal on every rank of ``comm`` (every rank's value in the message);
     returns it."""
