@@ -17,7 +17,6 @@ under a multi-rank mpidist strategy, both work (``mpidist.tensorflow.checkpoint.
   to a private temporary directory, removed when training ends (as TensorFlow's Keras did).
 - ``CSVLogger``: the chief writes the file; the other ranks write to ``os.devnull`` (Keras 3, and
   tf_keras's CSVLogger under ``TF_USE_LEGACY_KERAS=1``: ``install_keras2``).
-
 - every callback (``CallbackList``'s ``on_*`` hooks, Keras 3 and tf_keras): the variables it
   creates are this rank's own (``mpidist.tensorflow.variables.own_variables``: no broadcast of the
   initial value, not mirrored), so a callback may create one on the chief alone, also when ``fit``

@@ -53,11 +53,6 @@ def own_variables() -> Iterator[None]:
         _OWN.reset(token)
 
 
-def creating_own() -> bool:
-    """Whether variables created here are this rank's own (inside ``own_variables``)."""
-    return _OWN.get()
-
-
 def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any) -> Any:
     value = tf.convert_to_tensor(value, dtype=dtype)
     if not (value.dtype.is_bool or value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex):
