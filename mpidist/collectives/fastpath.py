@@ -25,6 +25,7 @@ arrays' device, the current device and the GPU implementation asked for (a conte
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +37,20 @@ from .algorithms.flat import posts_allreduce
 from .ops import Op, finish_mean, rules
 
 _MAX_ENTRIES = 256
+_NDARRAY = {np.ndarray}
+_DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
+
+
+def _leaves_key(op: Any, kind: type, leaves: Any) -> tuple:
+    """The cache key of a list/tuple of arrays: op, container, each leaf's type, dtype and shape
+    (three ``map``s: no Python code per leaf)."""
+    return (op, kind, tuple(map(type, leaves)), tuple(map(_DTYPE, leaves)), tuple(map(_SHAPE, leaves)))
+
+
+def _dict_key(op: Any, value: dict) -> tuple:
+    """The cache key of a dict of arrays: its keys in their order, then as :func:`_leaves_key`."""
+    leaves = value.values()
+    return (op, tuple(value), tuple(map(type, leaves)), tuple(map(_DTYPE, leaves)), tuple(map(_SHAPE, leaves)))
 
 
 class FastPaths:
@@ -45,6 +60,7 @@ class FastPaths:
         self._pipeline = pipeline
         self._arrays: dict[tuple, tuple[int, Callable]] = {}
         self._lists: dict[tuple, tuple[int, Callable]] = {}
+        self._dicts: dict[tuple, tuple[int, Callable]] = {}
         self._devices: dict[tuple, tuple[int, Callable]] = {}
         self._device_kind: type | None = None  # cupy.ndarray, once collectives/gpu registered
         self._current_device: Callable[[], int] = int
@@ -55,6 +71,7 @@ class FastPaths:
         """Forget every cached call (the pipeline is closed or its communicator replaced)."""
         self._arrays.clear()
         self._lists.clear()
+        self._dicts.clear()
         self._devices.clear()
 
     def attach_devices(self, kind: type, current_device: Callable[[], int], implementation: Callable[[], Any],
@@ -92,7 +109,12 @@ class FastPaths:
                                                                  a.data.device_id) for a in value]),
                                                self._current_device(), self._implementation()))
                 else:
-                    entry = self._lists.get((op, kind, tuple([(type(a), a.dtype, a.shape) for a in value])))
+                    entry = self._lists.get(_leaves_key(op, kind, value))
+            except (AttributeError, TypeError):  # a leaf without dtype/shape, or unhashable: general path
+                return None
+        elif kind is dict:
+            try:
+                entry = self._dicts.get(_dict_key(op, value))
             except (AttributeError, TypeError):  # a leaf without dtype/shape, or unhashable: general path
                 return None
         elif kind is self._device_kind:  # device_key, inline: no call on the hot path
@@ -112,9 +134,11 @@ class FastPaths:
         if kind is np.ndarray:
             if value.flags.c_contiguous:
                 self._store(self._arrays, (op, value.dtype, value.shape), self._array_path(red, value))
-        elif (kind is list or kind is tuple) and 1 < len(value) and all([type(a) is np.ndarray for a in value]):
-            key = (op, kind, tuple([(type(a), a.dtype, a.shape) for a in value]))
-            self._store(self._lists, key, self._list_path(red, value))
+        elif (kind is list or kind is tuple) and 1 < len(value) and set(map(type, value)) == _NDARRAY:
+            structure = nest.structure_key(nest.flatten(value)[1])  # the general path's text, so keys match
+            self._store(self._lists, _leaves_key(op, kind, value), self._list_path(red, list(value), kind, structure))
+        elif kind is dict and 1 < len(value) and set(map(type, value.values())) == _NDARRAY:
+            self._store(self._dicts, _dict_key(op, value), self._dict_path(red, value))
         elif self._build_device is not None and (kind is self._device_kind or (
                 (kind is list or kind is tuple) and value and all([type(a) is self._device_kind for a in value]))):
             self._store(self._devices, self.device_key(op, value), self._build_device(op, red, value))
@@ -196,8 +220,10 @@ class FastPaths:
         run = self._agreed(red, "*", [value], data)
         return None if run is None else self._monitored(run)
 
-    def _list_path(self, red: Op, value: list | tuple) -> Callable | None:
-        arrays = list(value)
+    def _list_path(self, red: Op, arrays: list[np.ndarray], kind: type, structure: str) -> Callable | None:
+        """The cached function of a list/tuple (``kind``) of arrays: per pack, one concatenate into a
+        recycled buffer, the MPI call, MEAN's division, and the leaves' results cut out as views by
+        ``map`` over precomputed slices and shapes (no Python code runs per leaf)."""
         dtypes = [a.dtype for a in arrays]
         rule = {d: rules(d, red, "allreduce", "a leaf of `value`") for d in set(dtypes)}
         if any(rule[d][0] != d for d in dtypes):  # dtype conversions (float16, bool): general path
@@ -206,31 +232,33 @@ class FastPaths:
         plan = packing.plan(nbytes, dtypes, rc.bytes_per_pack, None)
         if not all(self._flat(sum(nbytes[i] for i in pack)) for pack in plan):
             return None
-        structure = nest.structure_key(nest.flatten(value)[1])  # the general path's text, so keys match
         comm, size = self._pipeline.comm, self._pipeline.size
         mean = red is Op.MEAN and size > 1
         steps = []
         for pack in plan:
             dtype = dtypes[pack[0]]
-            bounds, at = [], 0
+            slices, shapes, at = [], [], 0
             for i in pack:
                 n = arrays[i].size
-                bounds.append((slice(at, at + n), arrays[i].shape if arrays[i].ndim != 1 else None))
+                slices.append(slice(at, at + n))
+                shapes.append(arrays[i].shape)
                 at += n
-            steps.append((pack, dtype, rule[dtype][1], bounds,
+            flat_only = all(len(shape) == 1 for shape in shapes)
+            steps.append((pack, rule[dtype][1], slices, None if flat_only else shapes,
                           posts_allreduce(at * dtype.itemsize, rc.iallreduce_threshold, False),
                           buffers.Slot(at, dtype).take if len(pack) > 1 else None, buffers.Slot(at, dtype).take))
         whole = len(plan) == 1 and plan[0] == list(range(len(arrays)))
-        kind, count = type(value), len(arrays)
+        count = len(arrays)
+        reshape = np.ndarray.reshape
 
         def data(leaves: list | tuple) -> list | tuple:
-            results: list[Any] = [None] * count
-            for pack, _dtype, mop, bounds, posted, packed, received in steps:
+            results: list[Any] = [None] * count if not whole else []
+            for pack, mop, slices, shapes, posted, packed, received in steps:
                 if packed is None:
                     send = np.ascontiguousarray(leaves[pack[0]]).reshape(-1)
                 else:
                     send = packed()
-                    np.concatenate(leaves if whole else [leaves[i] for i in pack], axis=None, out=send)
+                    np.concatenate(leaves if whole else list(map(leaves.__getitem__, pack)), axis=None, out=send)
                 recv = received()
                 if posted:
                     comm.Iallreduce(send, recv, mop).Wait()
@@ -238,12 +266,35 @@ class FastPaths:
                     comm.Allreduce(send, recv, mop)
                 if mean:
                     finish_mean(recv, size)
-                for i, (where, shape) in zip(pack, bounds):
-                    results[i] = recv[where] if shape is None else recv[where].reshape(shape)
+                views = map(recv.__getitem__, slices)
+                if shapes is not None:
+                    views = map(reshape, views, shapes)
+                if whole:
+                    results = list(views)
+                else:
+                    for _ in map(results.__setitem__, pack, views):
+                        pass
             return results if kind is list else tuple(results)
 
         run = self._agreed(red, structure, arrays, data)
         return None if run is None else self._monitored(run)
+
+    def _dict_path(self, red: Op, value: dict) -> Callable | None:
+        """The cached function of a dict of arrays: the list path on its values in the general path's
+        order (sorted keys, nest.flatten), the result rebuilt in the dict's own key order."""
+        leaves, tree = nest.flatten(value)
+        _, _, ordered, order, _ = tree
+        run = self._list_path(red, leaves, list, nest.structure_key(tree))
+        if run is None:
+            return None
+        position = {k: i for i, k in enumerate(ordered)}
+        perm = [position[k] for k in order]
+        pick = operator.itemgetter(*ordered)
+
+        def by_keys(d: dict) -> dict:
+            results = run(list(pick(d)))
+            return dict(zip(order, map(results.__getitem__, perm)))
+        return by_keys
 
     def _monitored(self, run: Callable) -> Callable:
         monitor = self._pipeline.monitor

@@ -52,6 +52,20 @@ def local_value(value: Any) -> Any:
     return value
 
 
+_NDARRAY = {np.ndarray}
+
+
+def host_arrays_only(value: Any) -> bool:
+    """Whether ``value`` is one NumPy array or a flat list, tuple or dict of them (checked without
+    Python code per leaf): nothing in it for the device paths."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return True
+    if kind is list or kind is tuple:
+        return set(map(type, value)) == _NDARRAY
+    return kind is dict and set(map(type, value.values())) == _NDARRAY
+
+
 class CrossDeviceOps:
     """Base class: reduce, batch_reduce and broadcast across the replicas of a strategy."""
 
@@ -148,10 +162,10 @@ class MPIAllReduce(CrossDeviceOps):
         return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack is not None else {}
 
     def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
-        if type(value) is np.ndarray and self.bytes_per_pack is None and options.bytes_per_pack is None \
-                and options.timeout_seconds is None and options.compression is None \
-                and options.num_packs is None and options.algorithm is None:
-            # one host array and nothing set per call: the engine's cached fast path, without building
+        if self.bytes_per_pack is None and options.bytes_per_pack is None and options.timeout_seconds is None \
+                and options.compression is None and options.num_packs is None and options.algorithm is None \
+                and host_arrays_only(value):
+            # host arrays and nothing set per call: the engine's cached fast path, without building
             # per-call arguments (the implementation choice only concerns device arrays)
             return self.engine.allreduce(value, op.value)
         return super().all_reduce_local(op, value, options, where)

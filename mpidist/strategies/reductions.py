@@ -24,11 +24,17 @@ from ..validation import is_integer
 from ..values import local
 
 
+_NDARRAY = {np.ndarray}
+
+
 def map_local(value: Any) -> Any:
     """``value`` with every DistributedValues replaced by its local component."""
     kind = type(value)
     if kind is np.ndarray or ((kind is tuple or kind is dict) and not value):  # nothing to replace
         return value
+    if (kind is list or kind is tuple) and set(map(type, value)) == _NDARRAY \
+            or kind is dict and set(map(type, value.values())) == _NDARRAY:
+        return value  # a flat nest of host arrays (gradients, metrics): nothing to replace, no walk per leaf
     leaves, tree = nest.flatten(local(value))
     return nest.unflatten(tree, [local(leaf) for leaf in leaves])
 
