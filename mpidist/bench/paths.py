@@ -10,6 +10,11 @@ For each size (default 1, 4, 16 and 64 MB of float32), short blocks of these cas
 - ``reduce``: ``strategy.reduce("sum", x, axis=None)`` on a NumPy-mode MultiWorkerMirroredStrategy;
 - ``replica``: ``strategy.run(lambda: get_replica_context().all_reduce("sum", x))``.
 
+``--nest N`` adds a row for a list of N float32 arrays of 4 KB (the per-tensor cost): there the
+raw cases are hand-packed (``numpy.concatenate``, one ``Allreduce`` or ``Iallreduce`` + wait into a
+new array, ``numpy.split``: pack + call + unpack, as ``bench summary``'s nest row) and the mpidist
+cases take the list as it is.
+
 All with ``rc``'s settings as they are (agreement on by default). ``--before PATH`` also times the
 last three on the mpidist found at ``PATH/mpidist`` (another checkout, e.g. the main branch),
 loaded in the same processes as ``mpidist_before`` and interleaved with the rest, so a before/after
@@ -51,9 +56,9 @@ def load_before(path: str, name: str = "mpidist_before") -> ModuleType:
     return module
 
 
-def _paths(package: Any, x: np.ndarray) -> tuple[dict[str, Callable[[], Any]], Any]:
+def _paths(package: Any, x: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
     """The three mpidist cases of one package (this one or ``--before``'s), each returning the
-    reduced array, and its strategy."""
+    reduced value (``x``: an array or a list of them), and its strategy."""
     strategy = package.numpy.MultiWorkerMirroredStrategy()
     engine = strategy.extended.engine
     replica_context = package.get_replica_context
@@ -65,33 +70,59 @@ def _paths(package: Any, x: np.ndarray) -> tuple[dict[str, Callable[[], Any]], A
             "replica": replica}, strategy
 
 
-def run(sizes: list[int], seconds: float, before: ModuleType | None = None) -> list[dict]:
+def _raw_cases(raw: MPI.Intracomm, x: Any) -> dict[str, Callable[[], object]]:
+    """raw Allreduce and Iallreduce of ``x``: one array into a preallocated result, or a list of
+    arrays hand-packed (concatenate, the call into a new array, split)."""
+    if isinstance(x, np.ndarray):
+        out, out_i = np.empty_like(x), np.empty_like(x)  # a result buffer per raw case (mpidist: its pool)
+
+        def raw_allreduce() -> object:
+            return raw.Allreduce(x, out)
+
+        def raw_iallreduce() -> object:
+            return raw.Iallreduce(x, out_i).Wait()
+    else:
+        count = len(x)
+
+        def raw_allreduce() -> object:
+            send = np.concatenate(x)
+            recv = np.empty_like(send)
+            raw.Allreduce(send, recv)
+            return np.split(recv, count)
+
+        def raw_iallreduce() -> object:
+            send = np.concatenate(x)
+            recv = np.empty_like(send)
+            raw.Iallreduce(send, recv).Wait()
+            return np.split(recv, count)
+    return {"raw Allreduce": raw_allreduce, "raw Iallreduce": raw_iallreduce}
+
+
+def run(sizes: list[int], seconds: float, before: ModuleType | None = None, nest: int = 0) -> list[dict]:
     import mpidist
     comm = MPI.COMM_WORLD
     rows = []
-    for nbytes in sizes:
-        x = np.ones(nbytes // 4, dtype=np.float32)
-        out, out_i = np.empty_like(x), np.empty_like(x)  # a result buffer per raw case (mpidist: its pool)
+    values: list[tuple[str, int, Any]] = [(fmt_size(n), n, np.ones(n // 4, dtype=np.float32)) for n in sizes]
+    if nest:
+        values.append((f"{nest}x4KB", nest * 4096, [np.ones(1024, dtype=np.float32) for _ in range(nest)]))
+    for label, nbytes, x in values:
         cases, strategy = _paths(mpidist, x)
         raw = strategy.extended.engine.topology.comm  # a clone, as the engine's own communicator
         strategies = [strategy]
-
-        def raw_allreduce(raw=raw, x=x, out=out):
-            return raw.Allreduce(x, out)
-
-        def raw_iallreduce(raw=raw, x=x, out_i=out_i):
-            return raw.Iallreduce(x, out_i).Wait()
-        timed: dict[str, Callable[[], object]] = {"raw Allreduce": raw_allreduce, "raw Iallreduce": raw_iallreduce}
+        timed: dict[str, Callable[[], object]] = _raw_cases(raw, x)
         timed.update(cases)
         if before is not None:
             old, old_strategy = _paths(before, x)
             timed.update({f"{name} before": fn for name, fn in old.items()})
             strategies.append(old_strategy)
-        for name, fn in cases.items():  # results equal to the reference, on every path, before timing
-            if not np.array_equal(fn(), np.full_like(x, comm.Get_size())):
-                raise RuntimeError(f"python -m mpidist bench paths: {name} gave a wrong result at {fmt_size(nbytes)}")
+        want = np.full(nbytes // 4, comm.Get_size(), dtype=np.float32)
+        for name, fn in timed.items():  # results equal to the reference, on every path, before timing
+            got = fn()
+            got = [got] if isinstance(got, np.ndarray) else got
+            if "raw" not in name and not np.array_equal(np.concatenate(got, axis=None), want):
+                raise RuntimeError(f"python -m mpidist bench paths: {name} gave a wrong result at {label}")
         times = samples(comm, timed, seconds)
-        rows.append({"size": fmt_size(nbytes), "bytes": nbytes, "rounds": len(times["raw Allreduce"]),
+        rows.append({"size": label, "bytes": nbytes, "rounds": len(times["raw Allreduce"]),
                      "median": {name: statistics.median(t) for name, t in times.items()},
                      "ratio": paired_ratios(times, "raw Allreduce")})
         for s in strategies:
@@ -103,10 +134,10 @@ def table(rows: list[dict], size: int, before: bool) -> str:
     names = ["raw Allreduce", "raw Iallreduce"] + [p + s for p in PATHS for s in ((" before", "") if before else ("",))]
     lines = [f"mpidist bench paths: allreduce of float32, {size} ranks: median ms per call (median over rounds "
              f"of time / raw Allreduce's time in the same round)",
-             f"{'size':<8}{'rounds':>7}" + "".join(f"{n:>22}" for n in names)]
+             f"{'size':<9}{'rounds':>7}" + "".join(f"{n:>22}" for n in names)]
     for row in rows:
         cells = [f"{row['median'][n] * 1e3:9.3f} ({row['ratio'][n]:5.2f}x)" for n in names]
-        lines.append(f"{row['size']:<8}{row['rounds']:>7}" + "".join(f"{c:>22}" for c in cells))
+        lines.append(f"{row['size']:<9}{row['rounds']:>7}" + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
 
@@ -117,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="time spent per size (default 3)")
     parser.add_argument("--before", default=None, metavar="PATH",
                         help="also time the mpidist of another checkout (PATH/mpidist), interleaved")
+    parser.add_argument("--nest", type=int, default=0, metavar="N",
+                        help="also a list of N arrays of 4 KB, against hand-packed raw calls (default 0: none)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     before = load_before(args.before) if args.before else None
-    rows = run([parse_size(s) for s in args.sizes.split(",") if s.strip()], args.seconds, before)
+    rows = run([parse_size(s) for s in args.sizes.split(",") if s.strip()], args.seconds, before, args.nest)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps(rows, indent=1) if args.json else table(rows, MPI.COMM_WORLD.Get_size(), before is not None),
               flush=True)

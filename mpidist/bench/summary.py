@@ -2,18 +2,24 @@
 
 Cases: one float32 array of each ``--sizes`` (raw: ``comm.Allreduce``), and a nest of
 ``--nest`` arrays of 4 KB (raw: one ``Allreduce`` per array, and the hand-fused best case:
-concatenate, one ``Allreduce``, split). "agreement off" shows the cost of the agreement check.
+concatenate, one ``Allreduce``, split), taken by the engine, ``strategy.reduce`` and a replica
+context's ``all_reduce`` (a NumPy-mode MultiWorkerMirroredStrategy), each also as a ratio to the
+hand-fused raw call (median over rounds of the two times in the same round). "agreement off" shows
+the cost of the agreement check.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import numpy
 from ..collectives import Engine
-from .timing import compare, fmt_size, parse_size
+from ..strategies import get_replica_context
+from .timing import compare, fmt_size, paired_ratios, parse_size, samples
 
 
 def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm | None = None) -> list[dict]:
@@ -49,9 +55,18 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
             res = np.empty_like(buf)
             raw.Allreduce(buf, res)
             return np.split(res, nest_count)
-        times = compare(comm, {"raw": raw_fused, "raw, separate calls": raw_separate,
-                               "mpidist": lambda: engine.allreduce(leaves)}, seconds)
-        rows.append({"case": f"{nest_count} x 4 KB nest", "bytes": nest_count * 4096, **times})
+        strategy = numpy.MultiWorkerMirroredStrategy(comm=comm)
+
+        def replica() -> object:
+            return strategy.run(lambda: get_replica_context().all_reduce("sum", leaves))
+        cases = {"raw": raw_fused, "raw, separate calls": raw_separate, "mpidist": lambda: engine.allreduce(leaves),
+                 "strategy.reduce": lambda: strategy.reduce("sum", leaves, axis=None), "replica all_reduce": replica}
+        timed = samples(comm, cases, seconds)
+        ratios = paired_ratios(timed, "raw")
+        rows.append({"case": f"{nest_count} x 4 KB nest", "bytes": nest_count * 4096,
+                     **{name: statistics.median(t) for name, t in timed.items()},
+                     "per raw": {name: ratios[name] for name in ("mpidist", "strategy.reduce", "replica all_reduce")}})
+        strategy.close()
     engine.close()
     return rows
 
@@ -61,9 +76,14 @@ def table(rows: list[dict], size: int) -> str:
              f"{'case':<22}{'raw':>11}{'mpidist':>11}{'added':>11}{'ratio':>8}   other"]
     for row in rows:
         raw, ours = row["raw"], row["mpidist"]
-        extra = "; ".join(f"{k} {v * 1e3:.4f}" for k, v in row.items() if k not in ("case", "bytes", "raw", "mpidist"))
+        per_raw = row.get("per raw", {})
+        extra = "; ".join(f"{k} {v * 1e3:.4f}" + (f" ({per_raw[k]:.2f}x raw)" if k in per_raw else "")
+                          for k, v in row.items() if k not in ("case", "bytes", "raw", "mpidist", "per raw"))
         lines.append(f"{row['case']:<22}{raw * 1e3:>11.4f}{ours * 1e3:>11.4f}{(ours - raw) * 1e6:>9.1f}us"
                      f"{raw / ours:>8.2f}   {extra}")
+        if per_raw:
+            lines.append(f"{'':<22}time / hand-fused raw, median over rounds: "
+                         + ", ".join(f"{k} {v:.2f}x" for k, v in per_raw.items()))
     return "\n".join(lines)
 
 

@@ -23,7 +23,6 @@ from ..cross_device import ReduceOp
 from ..validation import is_integer
 from ..values import local
 
-
 _NDARRAY = {np.ndarray}
 
 

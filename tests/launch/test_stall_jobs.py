@@ -10,7 +10,7 @@ def test_stall_report_names_the_late_rank_and_its_code(mpirun, tmp_path):
     assert job.output.count("done") == 3
     reports = re.findall(r"mpidist: stall: allreduce #2 on rank (\d) has waited \d+ s .*ranks not in it: 1\b",
                          job.output)
-    assert sorted(reports) == ["0", "2"], job.output
+    assert reports == ["0"], job.output  # one report, on the chief (collectives/stall.py), not one per waiting rank
     assert re.search(r"rank 1: last finished allreduce #1, at .*stall_report.py:\d+ \(busy_in_user_code\)",
                      job.output), job.output
 

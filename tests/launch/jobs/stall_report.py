@@ -1,9 +1,8 @@
 """Rank 1 is late (busy in user code) while the others wait in an allreduce.
 
-Usage: stall_report.py DIR [until-killed]. Each other rank, once it has logged its stall report,
-writes DIR/reported.<rank>; rank 1 stays busy until every other rank's file is there, so the
-reports come however slow the machine is; with "until-killed", until the job is aborted (at most
-150 s).
+Usage: stall_report.py DIR [until-killed]. The rank that logs the stall report (the chief) writes
+DIR/reported.<rank>; rank 1 stays busy until such a file is there, so the report comes however slow
+the machine is; with "until-killed", until the job is aborted (at most 150 s).
 """
 import logging
 import os
@@ -27,7 +26,7 @@ class _Flag(logging.Handler):
 def busy_in_user_code() -> None:
     others = [os.path.join(directory, f"reported.{r}") for r in range(engine.size) if r != engine.rank]
     deadline = time.monotonic() + 150
-    while (until_killed or not all(os.path.exists(f) for f in others)) and time.monotonic() < deadline:
+    while (until_killed or not any(os.path.exists(f) for f in others)) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
