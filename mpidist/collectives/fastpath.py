@@ -1,4 +1,4 @@
-"""Cached fast paths for repeated allreduce calls: one array, or a flat list/tuple of arrays.
+"""Cached fast paths for repeated allreduce calls: one array, or a flat list/tuple/dict of arrays.
 
 A training loop reduces the same dtypes and shapes every step (a gradient, or the list of all
 gradients). The first such call takes the engine's general path (validation, planning, agreement
@@ -11,7 +11,10 @@ this repeats the previous collective's signature, see agreement.py, ``Agreement.
 ``np.concatenate`` into a recycled buffer per pack (each buffer a ``buffers.Slot``: the block of the
 last call, tried first), the MPI call (``Allreduce``, or ``Iallreduce`` + wait from
 ``rc.iallreduce_threshold`` bytes, as the general path), MEAN's division, and slicing the results
-out as views.
+out as views. No Python code runs per leaf: the key (leaf types, dtypes, shapes) and the result
+views are built by ``map`` over precomputed slices and shapes. A dict is cached per key order: its
+values are packed in the general path's order (sorted keys, nest.py) and the result is rebuilt in
+the caller's order.
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
