@@ -77,10 +77,12 @@ def _raw_cases(raw: MPI.Intracomm, x: Any) -> dict[str, Callable[[], object]]:
         out, out_i = np.empty_like(x), np.empty_like(x)  # a result buffer per raw case (mpidist: its pool)
 
         def raw_allreduce() -> object:
-            return raw.Allreduce(x, out)
+            raw.Allreduce(x, out)
+            return out
 
         def raw_iallreduce() -> object:
-            return raw.Iallreduce(x, out_i).Wait()
+            raw.Iallreduce(x, out_i).Wait()
+            return out_i
     else:
         count = len(x)
 
@@ -117,9 +119,8 @@ def run(sizes: list[int], seconds: float, before: ModuleType | None = None, nest
             strategies.append(old_strategy)
         want = np.full(nbytes // 4, comm.Get_size(), dtype=np.float32)
         for name, fn in timed.items():  # results equal to the reference, on every path, before timing
-            got = fn()
-            got = [got] if isinstance(got, np.ndarray) else got
-            if "raw" not in name and not np.array_equal(np.concatenate(got, axis=None), want):
+            got: Any = fn()
+            if not np.array_equal(np.concatenate([got] if isinstance(got, np.ndarray) else got, axis=None), want):
                 raise RuntimeError(f"python -m mpidist bench paths: {name} gave a wrong result at {label}")
         times = samples(comm, timed, seconds)
         rows.append({"size": label, "bytes": nbytes, "rounds": len(times["raw Allreduce"]),

@@ -57,8 +57,13 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
             return np.split(res, nest_count)
         strategy = numpy.MultiWorkerMirroredStrategy(comm=comm)
 
+        def in_replica() -> object:
+            context = get_replica_context()
+            assert context is not None, "strategy.run calls this in a replica context"
+            return context.all_reduce("sum", leaves)
+
         def replica() -> object:
-            return strategy.run(lambda: get_replica_context().all_reduce("sum", leaves))
+            return strategy.run(in_replica)
         cases = {"raw": raw_fused, "raw, separate calls": raw_separate, "mpidist": lambda: engine.allreduce(leaves),
                  "strategy.reduce": lambda: strategy.reduce("sum", leaves, axis=None), "replica all_reduce": replica}
         timed = samples(comm, cases, seconds)
