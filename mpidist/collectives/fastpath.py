@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._config import rc
-from . import allreduce, buffers, nest, packing
+from . import allreduce, buffers, nest, nestplan, packing
 from .algorithms import choose, flat
 from .algorithms.flat import posts_allreduce
 from .ops import Op, finish_mean, rules
@@ -64,6 +64,7 @@ class FastPaths:
         self._arrays: dict[tuple, tuple[int, Callable]] = {}
         self._lists: dict[tuple, tuple[int, Callable]] = {}
         self._dicts: dict[tuple, tuple[int, Callable]] = {}
+        self._nests: dict[tuple, tuple[int, Callable | None]] = {}  # None: a nest the cached path refuses
         self._devices: dict[tuple, tuple[int, Callable]] = {}
         self._device_kind: type | None = None  # cupy.ndarray, once collectives/gpu registered
         self._current_device: Callable[[], int] = int
@@ -75,6 +76,7 @@ class FastPaths:
         self._arrays.clear()
         self._lists.clear()
         self._dicts.clear()
+        self._nests.clear()
         self._devices.clear()
 
     def attach_devices(self, kind: type, current_device: Callable[[], int], implementation: Callable[[], Any],
@@ -101,6 +103,7 @@ class FastPaths:
     def lookup(self, op: Any, value: Any) -> Callable | None:
         """The cached function for ``value`` (called with ``value``), or None."""
         kind = type(value)
+        entry: tuple[int, Callable | None] | None
         if kind is np.ndarray:
             if not value.flags.c_contiguous:
                 return None
@@ -113,13 +116,13 @@ class FastPaths:
                                                self._current_device(), self._implementation()))
                 else:
                     entry = self._lists.get(_leaves_key(op, kind, value))
-            except (AttributeError, TypeError):  # a leaf without dtype/shape, or unhashable: general path
-                return None
+            except (AttributeError, TypeError):  # a container or other leaf inside: a nest of nests?
+                entry = self._nested(op, value)
         elif kind is dict:
             try:
                 entry = self._dicts.get(_dict_key(op, value))
-            except (AttributeError, TypeError):  # a leaf without dtype/shape, or unhashable: general path
-                return None
+            except (AttributeError, TypeError):  # a container or other leaf inside: a nest of nests?
+                entry = self._nested(op, value)
         elif kind is self._device_kind:  # device_key, inline: no call on the hot path
             entry = self._devices.get((op, value.dtype, value.shape, value.strides, value.data.device_id,
                                        self._current_device(), self._implementation()))
@@ -145,6 +148,25 @@ class FastPaths:
         elif self._build_device is not None and (kind is self._device_kind or (
                 (kind is list or kind is tuple) and value and all([type(a) is self._device_kind for a in value]))):
             self._store(self._devices, self.device_key(op, value), self._build_device(op, red, value))
+        elif (kind is list or kind is tuple or kind is dict) and \
+                set(map(type, value.values() if kind is dict else value)) != _NDARRAY:  # a nest of nests
+            try:
+                key = (op, nestplan.key(value))
+            except TypeError:  # other containers or leaves: general path
+                return
+            known = self._nests.get(key)
+            if known is None or known[0] != rc.generation:  # (a nest the path refuses is remembered too)
+                if len(self._nests) >= _MAX_ENTRIES:
+                    self._nests.clear()
+                self._nests[key] = (rc.generation, self._nest_path(red, value))
+
+    def _nested(self, op: Any, value: Any) -> tuple[int, Callable | None] | None:
+        if not self._nests:
+            return None
+        try:
+            return self._nests.get((op, nestplan.key(value)))
+        except TypeError:  # another container or leaf: general path
+            return None
 
     @staticmethod
     def _store(cache: dict, key: tuple, path: Callable | None) -> None:
@@ -298,6 +320,23 @@ class FastPaths:
             results = run(list(pick(d)))
             return dict(zip(order, map(results.__getitem__, perm)))
         return by_keys
+
+    def _nest_path(self, red: Op, value: Any) -> Callable | None:
+        """The cached function of a nest of nests of arrays: its leaves gathered and its result rebuilt
+        by functions compiled once per structure (nestplan.py), the list path in between."""
+        leaves, tree = nest.flatten(value)
+        if not leaves or set(map(type, leaves)) != _NDARRAY:
+            return None
+        run = self._list_path(red, leaves, list, nest.structure_key(tree))
+        if run is None:
+            return None
+        gather, build = nestplan.walkers(tree)
+
+        def nested(v: Any) -> Any:
+            out: list = []
+            gather(v, out)
+            return build(run(out), 0)[0]
+        return nested
 
     def _monitored(self, run: Callable) -> Callable:
         monitor = self._pipeline.monitor

@@ -151,6 +151,21 @@ LIST_CASES = {
 }
 
 
+def _nested(leaves: list, shape: str):
+    """The same leaves in a nest of nests of the named shape (a dict's keys not in sorted order)."""
+    half = len(leaves) // 2
+    if shape == "dict of lists":
+        return {"b": list(leaves[half:]), "a": list(leaves[:half])}
+    if shape == "(list, array)":  # what reduce(..., axis=k) MEAN sends: (partials, counts)
+        return (list(leaves[:-1]), leaves[-1])
+    if shape == "list of dicts and arrays":
+        return [{f"k{i}": a for i, a in enumerate(leaves[:half])}, leaves[half], tuple(leaves[half + 1:])]
+    raise ValueError(shape)
+
+
+NESTED = ["dict of lists", "(list, array)", "list of dicts and arrays"]
+
+
 @pytest.mark.parametrize("kind", [list, tuple])
 @pytest.mark.parametrize("case", LIST_CASES)
 @pytest.mark.parametrize("op", OPS)
@@ -196,7 +211,7 @@ def test_repeated_dicts_take_the_cached_path(engine, case, op):
             assert_same(result[n], expected[n])
 
 
-@pytest.mark.parametrize("kind", [list, tuple, dict])
+@pytest.mark.parametrize("kind", [list, tuple, dict] + NESTED)
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_cached_nests_are_bit_identical_to_the_general_path(engine, kind, op):
     """Random float32 leaves (sums that round): the cached path's results are the general path's, bit
@@ -204,15 +219,40 @@ def test_cached_nests_are_bit_identical_to_the_general_path(engine, kind, op):
     rng = np.random.default_rng(engine.rank)
     shapes = [(1024,)] * 100 + [(3, 5), (2, 2, 2), (20_000,), ()]
     leaves = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    value = {f"w{i:03d}": a for i, a in enumerate(leaves)} if kind is dict else kind(leaves)
+    value = {f"w{i:03d}": a for i, a in enumerate(leaves)} if kind is dict else \
+        _nested(leaves, kind) if isinstance(kind, str) else kind(leaves)
     general = engine.allreduce(value, op, bytes_per_pack=mpidist.rc.bytes_per_pack)  # not plain: never cached
     for _ in range(3):
         cached = engine.allreduce(value, op)
     assert engine.pipeline.fast.lookup(op, value) is not None
-    pairs = [(cached[k], general[k]) for k in value] if kind is dict else list(zip(cached, general))
+    flatten = mpidist.collectives.nest.flatten
+    pairs = list(zip(flatten(cached)[0], flatten(general)[0]))
+    assert len(pairs) == len(leaves)
     for got, want in pairs:
         assert got.dtype == want.dtype and got.shape == want.shape
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("shape", NESTED)
+@pytest.mark.parametrize("op", OPS)
+def test_repeated_nests_of_nests_take_the_cached_path(engine, shape, op):
+    """A nest of nests of arrays is cached too (per structure): results equal the NumPy reference in
+    the caller's structure, earlier results stay intact, and the cache is really used."""
+    specs = LIST_CASES["two dtypes, one large leaf alone"] * 2
+    inputs = [[make(r, d, s, op, seed=i) for i, (s, d) in enumerate(specs)] for r in range(engine.size)]
+    expected = _nested([reduce_all([inputs[r][i] for r in range(engine.size)], op) for i in range(len(specs))], shape)
+    mine = _nested(inputs[engine.rank], shape)
+    kept = []
+    for step in range(3):
+        kept.append(engine.allreduce(mine, op))
+        if step == 0:
+            assert engine.pipeline.fast.lookup(op, mine) is not None
+    for result in kept:
+        got, want = mpidist.collectives.nest.flatten(result), mpidist.collectives.nest.flatten(expected)
+        assert mpidist.collectives.nest.structure_key(got[1]) == mpidist.collectives.nest.structure_key(want[1])
+        assert type(result) is type(expected)
+        for g, w in zip(got[0], want[0]):
+            assert_same(g, w)
 
 
 def test_cached_list_path_with_non_contiguous_leaves(engine):
