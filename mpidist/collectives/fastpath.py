@@ -14,7 +14,8 @@ last call, tried first), the MPI call (``Allreduce``, or ``Iallreduce`` + wait f
 out as views. No Python code runs per leaf: the key (leaf types, dtypes, shapes) and the result
 views are built by ``map`` over precomputed slices and shapes. A dict is cached per key order: its
 values are packed in the general path's order (sorted keys, nest.py) and the result is rebuilt in
-the caller's order.
+the caller's order. Nests of nests of arrays (a dict of lists) are cached per structure the same
+way, their leaves gathered and their results rebuilt by functions compiled once (nestplan.py).
 
 Only plain calls are cached: default packing and algorithm, no deadline, no timeline, leaves that
 are NumPy arrays already in their wire dtype, and packs that the flat algorithm carries. Entries
