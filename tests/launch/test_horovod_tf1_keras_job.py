@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
-                    reason="tf_keras is not installed (tests/run installs it: see README)")
+                    reason="tf_keras is not installed (tests/run installs it: see docs/keras2.md)")
 def test_tf1_style_keras_program_equals_numpy(mpirun):
     job = mpirun(2, "hvd_tf1_keras.py", timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
     assert job.returncode == 0, job.output[-4000:]
