@@ -125,7 +125,11 @@ def finish_mean(buffer: Any, count: int, xp: Any = None) -> None:
     if count == 1:
         return
     dtype = buffer.dtype
-    if dtype.kind in "fc" or dtype.name == "bfloat16":
+    if dtype.kind == "c":  # each part on its own: complex division by (count + 0j) rounds both parts
+        real, imag = buffer.real, buffer.imag  # views into the buffer
+        real /= count
+        imag /= count
+    elif dtype.kind == "f" or dtype.name == "bfloat16":
         buffer /= count
     elif dtype.kind == "u":
         buffer //= count

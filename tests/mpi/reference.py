@@ -50,8 +50,11 @@ def _reduce_all(inputs: list[np.ndarray], op: str):
     if op in ("sum", "mean"):
         total = np.add.reduce(stack.astype(np.complex128 if dtype.kind == "c" else
                                            np.float64 if dtype.kind == "f" else dtype), axis=0)
-        if op == "mean":
-            total = total / n if dtype.kind in "fc" else np.trunc(total / n)
+        if op == "mean" and dtype.kind == "c":  # the mean of each part (complex division rounds both)
+            total = np.asarray(total)
+            total = (total.real / n) + 1j * (total.imag / n)
+        elif op == "mean":
+            total = total / n if dtype.kind == "f" else np.trunc(total / n)
         return np.asarray(total).astype(dtype)
     if op == "prod":
         return np.multiply.reduce(stack, axis=0, dtype=dtype)
