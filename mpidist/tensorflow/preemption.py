@@ -3,7 +3,7 @@
 TensorFlow's handler keeps its agreement in the coordination service's key-value store, which an MPI
 job has not (``FailedPreconditionError: Coordination service is not enabled``). Once an mpidist
 TensorFlow strategy is built, ``install()`` wraps the class's ``__init__`` (through the patch
-registry, mpidist/keras/patching.py): a handler that belongs to mpidist (``owner``) becomes this
+registry, mpidist/tensorflow/patching.py): a handler that belongs to mpidist (``owner``) becomes this
 module's :class:`PreemptionCheckpointHandler`, a subclass of TensorFlow's (``isinstance`` holds);
 anything else — TensorFlow's own strategies, a non-MPI resolver with no mpidist strategy — runs
 TensorFlow's class unchanged. Programs written from TensorFlow's fault-tolerance guide need no
@@ -48,7 +48,7 @@ watcher that raises is an error on every rank at the same run. ``notify_terminat
 signal does (tests call it, or send the signal).
 
 The save: the chief writes the checkpoint directory, the other ranks follow it (mpidist's
-``CheckpointManager.save``, mpidist/keras/tf_checkpoint.py: no per-worker temporary directories as
+``CheckpointManager.save``, mpidist/tensorflow/keras/tf_checkpoint.py: no per-worker temporary directories as
 TensorFlow's handler makes); an error there is raised on every rank (one allgather of the outcome).
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ import tensorflow as tf
 from .._config import rc
 from ..cluster_resolver import MPIClusterResolver
 from ..collectives.lockstep import LockstepMax
-from ..keras import patching
+from . import patching
 from .checkpoint import key_of
 from .strategy import MPIStrategy
 
@@ -323,7 +323,7 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
 
     def _save_scope(self) -> Any:
         """The strategy's scope, unless a strategy is in scope already: mpidist's saves then route the
-        write to the chief (mpidist/keras/tf_checkpoint.py)."""
+        write to the chief (mpidist/tensorflow/keras/tf_checkpoint.py)."""
         if self._strategy is None or tf.distribute.has_strategy():
             return contextlib.nullcontext()
         return self._strategy.scope()

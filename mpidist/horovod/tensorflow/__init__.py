@@ -57,7 +57,7 @@ def __getattr__(name: str) -> object:
     """``SyncBatchNormalization`` imports Keras, so only when it is asked for: the layer of
     ``tf.keras``'s Keras, as Horovod's (Keras 2 under TF_USE_LEGACY_KERAS=1, else Keras 3)."""
     if name == "SyncBatchNormalization":
-        from ...keras import flavor
+        from ...tensorflow.keras import flavor
         if flavor.is_keras2():
             from .keras2_sync_batch_norm import SyncBatchNormalization as Keras2Layer
             return Keras2Layer

@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor, patching
+from ...tensorflow import patching
+from ...tensorflow.keras import flavor
 from .tape import local_variable_ids, reduce_gradients
 
 

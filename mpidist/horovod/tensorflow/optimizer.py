@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor, patching
+from ...tensorflow import patching
+from ...tensorflow.keras import flavor
 from . import keras2_optimizer
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..tensorflow import xla_record
-from . import patching
+from .. import xla_record
+from .. import patching
 
 
 def _check_finite(original: Callable[..., Any]) -> Callable[..., Any]:

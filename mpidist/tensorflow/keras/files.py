@@ -24,9 +24,9 @@ import gc
 import os
 from typing import Any, Callable
 
-from .. import files
-from ..tensorflow import checkpoint
-from . import patching
+from ... import files
+from .. import checkpoint
+from .. import patching
 
 # Keras picks the format from the file name's ending: keep it on the temporary name.
 _ENDINGS = (".weights.h5", ".weights.json", ".keras", ".h5", ".hdf5", ".json")

@@ -175,7 +175,7 @@ def installed() -> list[str]:
 
 def is_mpidist(strategy: Any) -> bool:
     """Whether ``strategy`` is an mpidist ``tf.distribute.Strategy`` (of any number of ranks)."""
-    from ..tensorflow.strategy import MPIStrategy
+    from .strategy import MPIStrategy
     return isinstance(strategy, MPIStrategy)
 
 

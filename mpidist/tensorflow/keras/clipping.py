@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import patching
+from .. import patching
 
 _MARK = "_mpidist_reduced"  # on the optimizer: the clipped sums _clip_gradients returned last
 

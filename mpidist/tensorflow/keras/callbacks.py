@@ -33,8 +33,9 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from ..tensorflow import checkpoint, variables
-from . import files, patching
+from .. import checkpoint, variables
+from .. import patching
+from . import files
 
 # -- every callback: the variables it creates are this rank's own -----------------------------------
 

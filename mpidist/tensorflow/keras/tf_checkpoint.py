@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..tensorflow import _tf_private, checkpoint
-from . import files, flavor, patching
+from .. import _tf_private, checkpoint
+from .. import patching
+from . import files, flavor
 
 
 def strategy_of(ckpt: Any) -> Any:

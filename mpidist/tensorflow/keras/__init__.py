@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 
-from . import patching
+from .. import patching
 
 _log = logging.getLogger("mpidist")
 _done = False
@@ -55,7 +55,7 @@ def _install() -> None:
     global _done
     import sys
 
-    from ..tensorflow import preemption
+    from .. import preemption
     from . import flavor, tf_checkpoint
     tf_checkpoint.install()
     preemption.install()  # tf.distribute.experimental.PreemptionCheckpointHandler (mpidist/tensorflow/preemption.py)

@@ -24,7 +24,7 @@ import contextvars
 import weakref
 from typing import Any, Callable
 
-from . import patching
+from .. import patching
 
 _LOCAL = contextvars.ContextVar("mpidist_keras_local_predict", default=False)
 _local_functions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -36,8 +36,8 @@ import inspect
 import weakref
 from typing import Any, Callable
 
-from ..tensorflow import xla
-from . import patching
+from .. import xla
+from .. import patching
 
 _made: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # model -> its SplitSteps
 

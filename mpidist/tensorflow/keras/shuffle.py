@@ -31,7 +31,7 @@ from typing import Any, Callable, TypedDict
 
 import numpy as np
 
-from . import patching
+from .. import patching
 
 
 class _Seeds(TypedDict):
