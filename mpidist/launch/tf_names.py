@@ -63,7 +63,8 @@ def install(tf: ModuleType) -> list[str]:
         for module in list(sys.modules.values()):  # tf.distribute and every copy (tf.compat.v2.distribute)
             if (getattr(module, "__name__", "").startswith("tensorflow._api.")
                     and getattr(module, "__dict__", {}).get(name) is theirs):
-                patching.replace(module, name, ours)
+                patching.replace(module, name, ours, checked=patching.TENSORFLOW,
+                                 reason="`mpidist run`: the program's tf.distribute strategies are mpidist's")
         done.append(f"tf.{path}.{name}")
     return done
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from . import keras as keras_patches  # above the rest of this package, below this module (test_layering.py)
 from .. import strategies as _strategies
+from . import keras as keras_patches  # above the rest of this package, below this module (test_layering.py)
 from .strategy import MPIStrategy, make_strategy
 
 

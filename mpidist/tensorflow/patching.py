@@ -1,19 +1,177 @@
-"""How mpidist patches Keras and TensorFlow: one registry, applied once, each patch guarded.
+"""How mpidist patches Keras and TensorFlow: one registry through which every replacement goes.
 
-Every patch wraps one function or method and calls the original unchanged unless the object it
+Every replacement of an attribute of TensorFlow, Keras 3 or tf_keras (a wrapped method or
+function, a class put in an API module, a method added that Keras 3 lacks) is made here
+(``patch``, ``patch_function``, ``replace``) and recorded with its reason and the versions it was
+checked against; ``installed()`` lists them all, ``records()`` gives the details, ``original`` the
+replaced value. One more kind is recorded here although it changes no attribute of TensorFlow or
+Keras: ``adopt`` gives one object (a user's optimizer, a PreemptionCheckpointHandler) a generated
+subclass of its own class. Installing is idempotent (a second call for the same attribute does
+nothing) and thread-safe (one lock around each check-and-replace). Nothing is patched when a module
+is imported: patches are installed when an mpidist TensorFlow strategy is built
+(``mpidist.tensorflow.keras.install``) and at ``hvd.init()`` (``mpidist.horovod.tensorflow``);
+``tests/unit/test_patch_registry.py`` compares TensorFlow's and Keras's attributes before and after
+both and fails on a change this registry does not list. docs/design.md, "Patches", lists them.
+
+Most patches wrap one function or method and call the original unchanged unless the object it
 acts on belongs to an mpidist strategy of several ranks (``multi_rank``): a one-rank mpidist
-strategy, TensorFlow's own strategies and programs without a strategy see plain Keras. The
-originals stay reachable (``original``) and ``installed()`` lists what is patched, for tests and
-for the README's list.
+strategy, TensorFlow's own strategies and programs without a strategy see plain Keras.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import inspect
 import sys
+import threading
 from typing import Any, Callable
 
-_PATCHES: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # (id(owner), name) -> (owner, name, original)
+# What the patches were checked against (``checked=`` of each record).
+KERAS3 = "Keras 3.15 on TensorFlow 2.21"
+KERAS2 = "tf_keras 2.16 to 2.21"
+TENSORFLOW = "TensorFlow 2.16 to 2.21"
+
+
+class _Absent:
+    """The original of an attribute that did not exist before the patch."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT: Any = _Absent()
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One replacement: ``owner.name`` (a module or class) or, for ``kind == "adopt"``, the class of
+    objects of ``owner`` given a subclass one by one."""
+    owner: Any
+    name: str
+    original: Any
+    reason: str
+    checked: str
+    kind: str  # "wrap" (patch), "replace", "adopt"
+
+    @property
+    def path(self) -> str:
+        """``module.Class.name`` (``module.name`` for a module's attribute)."""
+        qual = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", repr(self.owner))
+        module = getattr(self.owner, "__module__", "") if isinstance(self.owner, type) else ""
+        return f"{module}.{qual}.{self.name}".lstrip(".")
+
+
+_PATCHES: dict[tuple[int, str], Patch] = {}  # (id(owner), name) -> its record
+_LOCK = threading.RLock()  # around every check-and-replace (patch_function holds it across its modules)
+
+
+def _check(reason: str, checked: str, where: str) -> None:
+    if not (isinstance(reason, str) and reason.strip()):
+        raise ValueError(f"patching.{where}: `reason` must say why the patch exists, got {reason!r}")
+    if not (isinstance(checked, str) and checked.strip()):
+        raise ValueError(f"patching.{where}: `checked` must name the versions checked, got {checked!r}")
+
+
+def _current(owner: Any, name: str) -> Any:
+    """``owner.name`` as stored (a class's attribute found along its MRO without running descriptors:
+    a staticmethod stays one), or ABSENT."""
+    if isinstance(owner, type):
+        return inspect.getattr_static(owner, name, ABSENT)
+    found = getattr(owner, "__dict__", {}).get(name, ABSENT)
+    return getattr(owner, name, ABSENT) if found is ABSENT else found
+
+
+def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]], *, reason: str,
+          checked: str) -> None:
+    """Replace ``owner.name`` by ``make(original)`` (once: a second call does nothing), recorded with
+    ``reason`` (why) and ``checked`` (the Keras/TensorFlow versions whose code it was checked against)."""
+    _check(reason, checked, "patch")
+    with _LOCK:
+        key = (id(owner), name)
+        if key in _PATCHES:
+            return
+        original = _current(owner, name)
+        if original is ABSENT:
+            raise AttributeError(f"patching.patch: {owner!r} has no `{name}` to wrap (use replace to add one)")
+        wrapped: Any = make(original)  # a function, marked below as ours
+        if callable(original) and not isinstance(original, (staticmethod, classmethod)):
+            functools.update_wrapper(wrapped, original)
+        wrapped.__mpidist_patch__ = True
+        _PATCHES[key] = Patch(owner, name, original, reason, checked, "wrap")
+        setattr(owner, name, wrapped)
+
+
+def patch_function(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]], *, reason: str,
+                   checked: str) -> None:
+    """``patch`` the module-level function ``owner.name`` wherever it is reachable: in the module
+    that defines it, under its own name (so an API module imported later re-exports the patched
+    one), and in every module already imported that re-exports it (``owner`` among them).
+
+    Patching only the API module one was handed is not enough: TensorFlow's and Keras's API modules
+    can be imported a second time under another name, and the copy replaces the attribute
+    (``from tensorflow.saved_model.experimental import ...``, which Keras 3's ``model.export``
+    runs, makes a fresh ``tensorflow.saved_model`` module that becomes ``tf.saved_model``)."""
+    with _LOCK:
+        function = original(owner, name)
+        spellings = {name, getattr(function, "__name__", name)}  # tf.random.shuffle is random_ops.random_shuffle
+        found = []
+        for module in list(sys.modules.values()):  # __dict__, not getattr: no lazy module is imported here
+            for spelling in spellings:
+                if getattr(module, "__dict__", {}).get(spelling) is function:
+                    found.append((module, spelling))
+        if not any(module is owner for module, _ in found):
+            found.append((owner, name))
+        for module, spelling in found:
+            patch(module, spelling, make, reason=reason, checked=checked)
+
+
+def replace(owner: Any, name: str, value: Any, *, reason: str, checked: str) -> None:
+    """Set ``owner.name = value`` (a class or constant rather than a wrapper, or an attribute the owner
+    lacks), recorded like a patch (once: a second call does nothing)."""
+    _check(reason, checked, "replace")
+    with _LOCK:
+        key = (id(owner), name)
+        if key in _PATCHES:
+            return
+        _PATCHES[key] = Patch(owner, name, _current(owner, name), reason, checked, "replace")
+        setattr(owner, name, value)
+
+
+def adopt(obj: Any, subclass: type, *, reason: str, checked: str) -> Any:
+    """Make ``obj`` an instance of ``subclass``, a class mpidist derived from ``type(obj)`` that adds
+    no slots: the object keeps its state, and is recorded once per original class (the object's own
+    ``__class__`` changes; no attribute of TensorFlow or Keras does). Returns ``obj``."""
+    _check(reason, checked, "adopt")
+    cls = type(obj)
+    if not (isinstance(subclass, type) and issubclass(subclass, cls)):
+        raise TypeError(f"patching.adopt: `subclass` must be a subclass of {cls.__qualname__}, got {subclass!r}")
+    with _LOCK:
+        _PATCHES.setdefault((id(cls), "__class__"), Patch(cls, "__class__", cls, reason, checked, "adopt"))
+    obj.__class__ = subclass
+    return obj
+
+
+def original(owner: Any, name: str) -> Any:
+    """The value ``patch`` or ``replace`` replaced (``owner.name`` itself when it is not patched)."""
+    with _LOCK:
+        found = _PATCHES.get((id(owner), name))
+    if found is not None and found.kind != "adopt":
+        return found.original
+    return getattr(owner, name)
+
+
+def records() -> list[Patch]:
+    """Every patch in place, in ``installed()``'s order."""
+    with _LOCK:
+        return sorted(_PATCHES.values(), key=lambda record: record.path)
+
+
+def installed() -> list[str]:
+    """``module.Class.name`` (``module.name``) of every patch in place, sorted; ``.__class__`` for a
+    class some of whose objects ``adopt`` gave a subclass."""
+    return [record.path for record in records()]
+
 
 # Keras 2 (tf_keras: ``tf.keras`` under TF_USE_LEGACY_KERAS=1) modules whose functions the patches
 # wrap, named here only (tested with tf_keras 2.16 to 2.21).
@@ -113,106 +271,13 @@ def call_private(obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
     return get_private(obj, name)(*args, **kwargs)
 
 
-def patch(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
-    """Replace ``owner.name`` by ``make(original)`` (once: a second call does nothing)."""
-    key = (id(owner), name)
-    if key in _PATCHES:
-        return
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    wrapped: Any = make(original)  # a function, marked below as ours
-    if callable(original) and not isinstance(original, (staticmethod, classmethod)):
-        functools.update_wrapper(wrapped, original)
-    wrapped.__mpidist_patch__ = True
-    _PATCHES[key] = (owner, name, original)
-    setattr(owner, name, wrapped)
-
-
-def patch_function(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
-    """``patch`` the module-level function ``owner.name`` wherever it is reachable: in the module
-    that defines it (so an API module imported later re-exports the patched one) and in every
-    module already imported that re-exports it (``owner`` among them).
-
-    Patching only the API module one was handed is not enough: TensorFlow's and Keras's API modules
-    can be imported a second time under another name, and the copy replaces the attribute
-    (``from tensorflow.saved_model.experimental import ...``, which Keras 3's ``model.export``
-    runs, makes a fresh ``tensorflow.saved_model`` module that becomes ``tf.saved_model``)."""
-    function = original(owner, name)
-    source = sys.modules.get(getattr(function, "__module__", None) or "")
-    owners = [source] if source is not None else []
-    for module in list(sys.modules.values()):  # __dict__, not getattr: no lazy module is imported here
-        if getattr(module, "__dict__", {}).get(name) is function and module is not source:
-            owners.append(module)
-    if owner not in owners:
-        owners.append(owner)
-    for each in owners:
-        patch(each, name, make)
-
-
-def replace(owner: Any, name: str, value: Any) -> None:
-    """Set ``owner.name = value`` (a class or constant, not a wrapper: ``mpidist run`` puts mpidist's
-    strategy classes in ``tf.distribute``), recorded like a patch (once: a second call does nothing)."""
-    key = (id(owner), name)
-    if key in _PATCHES:
-        return
-    _PATCHES[key] = (owner, name, getattr(owner, name))
-    setattr(owner, name, value)
-
-
-def original(owner: Any, name: str) -> Any:
-    """The function ``patch`` replaced (``owner.name`` itself when it is not patched)."""
-    found = _PATCHES.get((id(owner), name))
-    return found[2] if found else getattr(owner, name)
-
-
-def installed() -> list[str]:
-    """``module.Class.name`` of every patch in place."""
-    out = []
-    for owner, name, _ in _PATCHES.values():
-        qual = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
-        out.append(f"{getattr(owner, '__module__', '')}.{qual}.{name}".lstrip("."))
-    return sorted(out)
-
-
-def is_mpidist(strategy: Any) -> bool:
-    """Whether ``strategy`` is an mpidist ``tf.distribute.Strategy`` (of any number of ranks)."""
-    from .strategy import MPIStrategy
-    return isinstance(strategy, MPIStrategy)
-
-
-def multi_rank(strategy: Any) -> Any:
-    """``strategy`` if it is an mpidist ``tf.distribute.Strategy`` of more than one rank, else None."""
-    if is_mpidist(strategy) and strategy.num_replicas_in_sync > 1:
-        return strategy
-    return None
-
-
-def model_strategy(model: Any) -> Any:
-    """The multi-rank mpidist strategy a Keras model was built under (or the one in scope), or None."""
-    strategy = built_under(model) if model is not None else None
-    if strategy is None:
-        import tensorflow as tf
-        strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    return multi_rank(strategy)
-
-
-def tracked_strategy(trackable: Any) -> Any:
-    """The first multi-rank mpidist strategy (``multi_rank``) that ``trackable`` or an object it tracks,
-    at any depth, was built under (``built_under``): a ``tf.train.Checkpoint`` holding a model, a
-    ``tf.Module`` holding variables, Keras 3's export archive (lists of the model's variables); None
-    when there is none or ``trackable`` is not a TensorFlow trackable."""
-    import tensorflow as tf
-    found = multi_rank(built_under(trackable))
-    if found is not None or not hasattr(trackable, "_trackable_children"):
-        return found
-    for node in tf.train.TrackableView(trackable).descendants():
-        found = multi_rank(built_under(node))
-        if found is not None:
-            return found
-    return None
-
-
 def built_under(obj: Any) -> Any:
     """The strategy a Keras 3 model or TensorFlow variable (``_distribute_strategy``) or a tf_keras
     model (``_distribution_strategy``) was created under, or None."""
     strategy = getattr(obj, "_distribute_strategy", None)
     return strategy if strategy is not None else getattr(obj, "_distribution_strategy", None)
+
+
+def is_trackable(obj: Any) -> bool:
+    """Whether ``obj`` is a TensorFlow trackable (has ``_trackable_children``: tf.train.TrackableView walks it)."""
+    return hasattr(obj, "_trackable_children")

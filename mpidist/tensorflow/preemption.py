@@ -66,7 +66,7 @@ import tensorflow as tf
 from .._config import rc
 from ..cluster_resolver import MPIClusterResolver
 from ..collectives.lockstep import LockstepMax
-from . import patching
+from . import owners, patching
 from .checkpoint import key_of
 from .strategy import MPIStrategy
 
@@ -90,7 +90,7 @@ def strategy_of(checkpoint_or_manager: Any) -> Any:
     except (AttributeError, TypeError):  # not a trackable: TensorFlow's class reports it
         return None
     for node in [root, *nodes]:
-        found = patching.built_under(node)
+        found = owners.built_under(node)
         if found is not None:
             return found
     return None
@@ -368,7 +368,8 @@ def _init(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, cluster_resolver: Any, checkpoint_or_checkpoint_manager: Any, checkpoint_dir: Any = None,
                  termination_config: Any = None) -> None:
         if type(self) is _TF and owner(cluster_resolver, checkpoint_or_checkpoint_manager) is not None:
-            self.__class__ = PreemptionCheckpointHandler  # a subclass without slots: the object becomes mpidist's
+            patching.adopt(self, PreemptionCheckpointHandler, checked=patching.TENSORFLOW,  # a subclass, no slots
+                           reason="a handler of an mpidist strategy becomes mpidist's (no coordination service)")
             PreemptionCheckpointHandler.__init__(self, cluster_resolver, checkpoint_or_checkpoint_manager,
                                                  checkpoint_dir, termination_config)
             return
@@ -378,4 +379,5 @@ def _init(original: Callable[..., None]) -> Callable[..., None]:
 
 def install() -> None:
     """Route ``tf.distribute.experimental.PreemptionCheckpointHandler`` of mpidist strategies here (once)."""
-    patching.patch(_TF, "__init__", _init)
+    patching.patch(_TF, "__init__", _init, checked=patching.TENSORFLOW,
+                   reason="TensorFlow's handler needs a coordination service an MPI job lacks")

@@ -28,7 +28,8 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     # the public namespace (frameworks: the framework choice) and the command line (run and horovodrun:
     # launch; check, info, bench, soak, timeline)
     "frameworks": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP, "overlap": TOP,
-    "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
+    "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
+    "elastic": TOP,
 }
 # Inside a package: the first component after "mpidist.<package>." -> sub-layer (0 when not named; the
 # package's own __init__ re-exports, above them all). mpidist.tensorflow: the core (strategy, extended,

@@ -94,7 +94,7 @@ def _table_names(rel: str, table: str) -> set[str]:
 
 KERAS_NAMES = _table_names("tensorflow/patching.py", "KERAS_PRIVATE")
 TABLE_NAMES = KERAS_NAMES | _table_names("tensorflow/_tf_private.py", "TF_PRIVATE")
-ACCESSORS = {"get_private", "set_private", "call_private", "patch"}
+ACCESSORS = {"get_private", "set_private", "call_private", "patch", "replace"}
 
 
 def _is_super(node: ast.expr) -> bool:
@@ -143,7 +143,7 @@ def _uses(tree: ast.Module) -> list[tuple[ast.AST, str, str, Any]]:
                 how = "store" if called in ("setattr", "__setattr__") else "load"
                 uses.append((node, name, how, _method_of(node, who, parents)))
             elif called in ACCESSORS and isinstance(func, ast.Attribute):
-                uses.append((node, name, "patch" if called == "patch" else "accessor", None))
+                uses.append((node, name, "patch" if called in ("patch", "replace") else "accessor", None))
     return uses
 
 

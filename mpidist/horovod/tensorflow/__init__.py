@@ -3,7 +3,7 @@
 Pure Python on mpidist's engine; launch with mpirun/srun as before. This module only re-exports.
 See docs/horovod.md for what is supported and how it differs.
 """
-from . import elastic, keras_spellings, util
+from . import elastic, util
 from .allreduce import allreduce, grouped_allreduce
 from .basics import (
     ccl_built,
@@ -49,8 +49,6 @@ from .reducescatter import grouped_reducescatter, reducescatter
 from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_variables, join
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .util import executing_eagerly as _executing_eagerly  # noqa: F401 -- Horovod's tests call hvd._executing_eagerly()
-
-keras_spellings.install()
 
 
 def __getattr__(name: str) -> object:

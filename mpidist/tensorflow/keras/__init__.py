@@ -3,7 +3,7 @@ process would do.
 
 Installed when an mpidist TensorFlow strategy is built (``install()``: once, idempotent). Each
 module patches one topic, each patch acting only for a model or checkpoint of a multi-rank mpidist
-strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's own code:
+strategy (``owners.multi_rank``); anything else runs Keras's and TensorFlow's own code:
 
 - ``predict``: ``model.predict`` returns every rank's rows, in input order, on every rank;
 - ``callbacks``: ModelCheckpoint, BackupAndRestore, TensorBoard, CSVLogger write once (the
