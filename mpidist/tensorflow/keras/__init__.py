@@ -30,11 +30,13 @@ a program uses.
 from __future__ import annotations
 
 import logging
+import threading
 
 from .. import patching
 
 _log = logging.getLogger("mpidist")
 _done = False
+_lock = threading.Lock()  # strategies built in two threads at once: one installs, the other waits
 
 
 def install(strategy=None) -> None:
@@ -43,9 +45,9 @@ def install(strategy=None) -> None:
     With ``strategy`` (make_strategy passes each new one; collective over its ranks), its ranks
     also agree on the seed of unseeded shuffles (``shuffle.register``).
     """
-    global _done
-    if not _done:
-        _install()
+    with _lock:
+        if not _done:
+            _install()
     if strategy is not None:
         from . import shuffle
         shuffle.register(strategy)
