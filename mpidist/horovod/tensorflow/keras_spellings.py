@@ -74,8 +74,10 @@ def install() -> None:
         make_session_fetchable(variable)
     batch_norm = getattr(sys.modules.get(_KERAS_BATCH_NORM), "BatchNormalization", None)
     if batch_norm is not None and "fused" not in _parameters(batch_norm.__init__):
-        patching.patch(batch_norm, "__init__", _accepting_fused, checked=patching.KERAS3,
-                       reason="Horovod programs pass tf.keras 2's BatchNormalization(fused=...), a speed hint")
+        # replace, not patch: patch's functools.update_wrapper would set __wrapped__, and Keras reads the
+        # signature (inspect.signature follows __wrapped__, getfullargspec does not) to build the config
+        patching.replace(batch_norm, "__init__", _accepting_fused(batch_norm.__init__), checked=patching.KERAS3,
+                         reason="Horovod programs pass tf.keras 2's BatchNormalization(fused=...), a speed hint")
 
 
 def _parameters(function: Any) -> set[str]:
