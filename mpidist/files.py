@@ -1,7 +1,7 @@
 """Atomic file writes: a reader, or a restart after a crash, sees the old file or the complete new one.
 
 Every writer of state in mpidist (``mpidist.checkpoint``, Keras's saving functions and callbacks in
-``mpidist.keras``, the elastic preemption snapshot, the merged timeline) goes through
+``mpidist.tensorflow.keras``, the elastic preemption snapshot, the merged timeline) goes through
 ``write_atomically``:
 
 1. the content is written to a temporary file in the same directory as ``path`` (so the rename

@@ -14,7 +14,7 @@ arguments (old spellings included: ``communication=``, ``cluster_resolver=``), b
 genuine ``tf.distribute.Strategy``, and ``isinstance(s, tf.distribute.MultiWorkerMirroredStrategy)``
 holds for what they build. Only TensorFlow's public API modules (``tensorflow._api...``) change:
 TensorFlow's own code, which imports its classes from where they are defined, keeps them.
-The replacements go through the patch registry (``mpidist.keras.patching.replace``), so
+The replacements go through the patch registry (``mpidist.tensorflow.patching.replace``), so
 ``patching.installed()`` lists them.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _api_module(tf: ModuleType, path: str) -> Any:
 def install(tf: ModuleType) -> list[str]:
     """Put mpidist's classes in TensorFlow's API modules (``tf``: the imported ``tensorflow``);
     returns ``tf.<path>.<name>`` of each name replaced."""
-    from ..keras import patching
+    from ..tensorflow import patching
     done = []
     for (path, name), public in NAMES.items():
         theirs = _api_module(tf, path).__dict__.get(name)
@@ -63,7 +63,8 @@ def install(tf: ModuleType) -> list[str]:
         for module in list(sys.modules.values()):  # tf.distribute and every copy (tf.compat.v2.distribute)
             if (getattr(module, "__name__", "").startswith("tensorflow._api.")
                     and getattr(module, "__dict__", {}).get(name) is theirs):
-                patching.replace(module, name, ours)
+                patching.replace(module, name, ours, checked=patching.TENSORFLOW,
+                                 reason="`mpidist run`: the program's tf.distribute strategies are mpidist's")
         done.append(f"tf.{path}.{name}")
     return done
 

@@ -57,6 +57,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from .patching import TENSORFLOW, patch, replace
+
 TESTED_WITH = "TensorFlow 2.16 to 2.21"
 
 
@@ -145,7 +147,7 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
 def make_session_fetchable(cls: type) -> None:
     """Let a ``tf.compat.v1.Session`` fetch instances of ``cls``, a variable class holding a TensorFlow
     variable as its ``value``, as it fetches that variable (TensorFlow's ``_as_graph_element``
-    protocol). Nothing is replaced where ``cls`` has the protocol already."""
+    protocol), through the patch registry. Nothing is replaced where ``cls`` has the protocol already."""
     if hasattr(cls, "_as_graph_element"):
         return
 
@@ -153,20 +155,21 @@ def make_session_fetchable(cls: type) -> None:
         convert = getattr(self.value, "_as_graph_element", None)
         return convert() if callable(convert) else None
 
-    cls._as_graph_element = _as_graph_element  # type: ignore[attr-defined]  # pylint: disable=protected-access
+    replace(cls, "_as_graph_element", _as_graph_element, checked=TENSORFLOW,
+            reason="a v1 Session fetches a Keras 3 variable as the tf.Variable it holds")
 
 
-def wrap_session_callables(wrap: Any) -> None:
+def wrap_session_callables(wrap: Any, *, reason: str) -> None:
     """Replace ``tf.compat.v1.Session``'s (and ``InteractiveSession``'s) ``_make_callable_from_options``
-    (how ``make_callable`` and tf_keras's v1 graph functions run a graph) by ``wrap(original)``."""
+    (how ``make_callable`` and tf_keras's v1 graph functions run a graph) by ``wrap(original)``,
+    through the patch registry (once)."""
     original = getattr(tf.compat.v1.Session, "_make_callable_from_options", None)
     if not callable(original):
         raise AttributeError(f"mpidist: this TensorFlow ({tf.__version__}) has no "
                              f"Session._make_callable_from_options, a private name mpidist relies on "
                              f"(tested with {TESTED_WITH}); install a tested TensorFlow version")
-    wrapped = wrap(original)
     for cls in (tf.compat.v1.Session, tf.compat.v1.InteractiveSession):
-        cls._make_callable_from_options = wrapped  # pylint: disable=protected-access
+        patch(cls, "_make_callable_from_options", wrap, checked=TENSORFLOW, reason=reason)
 
 
 def container_strategy(extended: Any) -> Any:

@@ -19,7 +19,7 @@ are equal everywhere, so each rank's own values are the global ones. ``save_once
    by that rank itself.
 
 ``restore`` is TensorFlow's ``checkpoint.restore`` (every rank reads the files; variables come back
-equal everywhere). ``mpidist.keras`` routes ``tf.train.Checkpoint.save`` / ``write``,
+equal everywhere). ``mpidist.tensorflow.keras`` routes ``tf.train.Checkpoint.save`` / ``write``,
 ``CheckpointManager.save``, Keras's saving functions and writing callbacks through ``save_once``,
 so programs need no change.
 """

@@ -4,7 +4,7 @@ and the others, whatever ``rc.framework`` says (importing this package imports T
 Each builds mpidist's genuine ``tf.distribute.Strategy`` (``MPIStrategy``), with the constructor
 signature of TensorFlow's class of the same name plus ``comm=``, from the parts the NumPy class
 it derives from sets up (``_setup``: engine, options, cross-device ops, resolver), and installs
-``mpidist.keras`` on it (:func:`make_tf_strategy`). ``isinstance(s, C)`` is true for the class ``C``
+``mpidist.tensorflow.keras`` on it (:func:`make_tf_strategy`). ``isinstance(s, C)`` is true for the class ``C``
 that built ``s`` and for the ``mpidist`` class of the same name (``mpidist.Strategy`` too; see
 ``mpidist/strategies/base.py``). The NumPy counterparts are in ``mpidist.numpy``; the public
 classes that choose between the two are in ``mpidist.frameworks``.
@@ -14,13 +14,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from .. import keras as keras_patches  # the Keras layer sits beside this one (docs/design.md, "Layers")
 from .. import strategies as _strategies
+from . import keras as keras_patches  # above the rest of this package, below this module (test_layering.py)
 from .strategy import MPIStrategy, make_strategy
 
 
 def make_tf_strategy(kind: str, engine: Any, options: Any, **extra: Any) -> MPIStrategy:
-    """``make_strategy`` (see strategy.py) with ``mpidist.keras`` installed on the result, as every
+    """``make_strategy`` (see strategy.py) with ``mpidist.tensorflow.keras`` installed on the result, as every
     strategy class builds it (collective: the ranks agree on shuffle seeds)."""
     strategy = make_strategy(kind, engine, options, **extra)
     keras_patches.install(strategy)

@@ -62,10 +62,10 @@ def in_v1_control_flow(op: Any) -> bool:
     return _tf_private.in_v1_control_flow(op)
 
 
-def wrap_session_callables(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def wrap_session_callables(wrap: Callable[[Callable[..., Any]], Callable[..., Any]], *, reason: str) -> None:
     """Give every v1 Session's callables (``make_callable``, tf_keras's graph functions) the
     method ``wrap(original)`` in place of ``_make_callable_from_options`` (see _tf_private)."""
-    _tf_private.wrap_session_callables(wrap)
+    _tf_private.wrap_session_callables(wrap, reason=reason)
 
 
 def _to_wire(tensors: Sequence[Any]) -> tuple[list[tf.Tensor], list[tf.DType]]:

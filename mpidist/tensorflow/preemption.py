@@ -3,7 +3,7 @@
 TensorFlow's handler keeps its agreement in the coordination service's key-value store, which an MPI
 job has not (``FailedPreconditionError: Coordination service is not enabled``). Once an mpidist
 TensorFlow strategy is built, ``install()`` wraps the class's ``__init__`` (through the patch
-registry, mpidist/keras/patching.py): a handler that belongs to mpidist (``owner``) becomes this
+registry, mpidist/tensorflow/patching.py): a handler that belongs to mpidist (``owner``) becomes this
 module's :class:`PreemptionCheckpointHandler`, a subclass of TensorFlow's (``isinstance`` holds);
 anything else — TensorFlow's own strategies, a non-MPI resolver with no mpidist strategy — runs
 TensorFlow's class unchanged. Programs written from TensorFlow's fault-tolerance guide need no
@@ -48,7 +48,7 @@ watcher that raises is an error on every rank at the same run. ``notify_terminat
 signal does (tests call it, or send the signal).
 
 The save: the chief writes the checkpoint directory, the other ranks follow it (mpidist's
-``CheckpointManager.save``, mpidist/keras/tf_checkpoint.py: no per-worker temporary directories as
+``CheckpointManager.save``, mpidist/tensorflow/keras/tf_checkpoint.py: no per-worker temporary directories as
 TensorFlow's handler makes); an error there is raised on every rank (one allgather of the outcome).
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ import tensorflow as tf
 from .._config import rc
 from ..cluster_resolver import MPIClusterResolver
 from ..collectives.lockstep import LockstepMax
-from ..keras import patching
+from . import owners, patching
 from .checkpoint import key_of
 from .strategy import MPIStrategy
 
@@ -90,7 +90,7 @@ def strategy_of(checkpoint_or_manager: Any) -> Any:
     except (AttributeError, TypeError):  # not a trackable: TensorFlow's class reports it
         return None
     for node in [root, *nodes]:
-        found = patching.built_under(node)
+        found = owners.built_under(node)
         if found is not None:
             return found
     return None
@@ -323,7 +323,7 @@ class PreemptionCheckpointHandler(tf.distribute.experimental.PreemptionCheckpoin
 
     def _save_scope(self) -> Any:
         """The strategy's scope, unless a strategy is in scope already: mpidist's saves then route the
-        write to the chief (mpidist/keras/tf_checkpoint.py)."""
+        write to the chief (mpidist/tensorflow/keras/tf_checkpoint.py)."""
         if self._strategy is None or tf.distribute.has_strategy():
             return contextlib.nullcontext()
         return self._strategy.scope()
@@ -368,7 +368,8 @@ def _init(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, cluster_resolver: Any, checkpoint_or_checkpoint_manager: Any, checkpoint_dir: Any = None,
                  termination_config: Any = None) -> None:
         if type(self) is _TF and owner(cluster_resolver, checkpoint_or_checkpoint_manager) is not None:
-            self.__class__ = PreemptionCheckpointHandler  # a subclass without slots: the object becomes mpidist's
+            patching.adopt(self, PreemptionCheckpointHandler, checked=patching.TENSORFLOW,  # a subclass, no slots
+                           reason="a handler of an mpidist strategy becomes mpidist's (no coordination service)")
             PreemptionCheckpointHandler.__init__(self, cluster_resolver, checkpoint_or_checkpoint_manager,
                                                  checkpoint_dir, termination_config)
             return
@@ -378,4 +379,5 @@ def _init(original: Callable[..., None]) -> Callable[..., None]:
 
 def install() -> None:
     """Route ``tf.distribute.experimental.PreemptionCheckpointHandler`` of mpidist strategies here (once)."""
-    patching.patch(_TF, "__init__", _init)
+    patching.patch(_TF, "__init__", _init, checked=patching.TENSORFLOW,
+                   reason="TensorFlow's handler needs a coordination service an MPI job lacks")

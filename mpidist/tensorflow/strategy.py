@@ -184,8 +184,8 @@ def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
     cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
     ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
     The strategy classes build through ``classes.make_tf_strategy``, which also installs
-    ``mpidist.keras`` (Keras fidelity, agreed shuffle seeds) on the result; a strategy built here
-    directly gets it from ``mpidist.keras.install(strategy)``.
+    ``mpidist.tensorflow.keras`` (Keras fidelity, agreed shuffle seeds) on the result; a strategy built here
+    directly gets it from ``mpidist.tensorflow.keras.install(strategy)``.
     cluster_resolver: what ``strategy.cluster_resolver`` returns (MultiWorkerMirroredStrategy:
     the one its constructor got, else an MPIClusterResolver; None for the other kinds).
     """

@@ -9,7 +9,7 @@ should be compiled runs as three parts, each traced once per input signature:
 1. **forward_backward**, compiled by XLA: the step function itself, traced up to and past its
    optimizer update, except that the update is not run there. The optimizer's ``apply`` /
    ``apply_gradients`` call is recorded instead (``defer_update``: the optimizer patches of
-   ``mpidist.keras.xla`` call it at their entry) and the gradients it was given become extra
+   ``mpidist.tensorflow.keras.xla`` call it at their entry) and the gradients it was given become extra
    outputs of the function. What the step returns (loss, metric results) is computed here too.
 2. **the all-reduce** (SUM) of every recorded gradient, outside XLA: one call of the replica
    context's ``all_reduce`` for all of them (one engine call, packed as the strategy's options
@@ -26,7 +26,7 @@ should be compiled runs as three parts, each traced once per input signature:
 Which steps: a function given to ``strategy.run`` that is a ``tf.function(jit_compile=True)``
 (``split`` makes its ``SplitStep``; tf_keras's ``model.compile(jit_compile=True)`` hands
 ``strategy.run`` such a function), and Keras 3 models compiled with ``jit_compile=True``
-(``mpidist.keras.xla`` turns off Keras's own compilation of the whole step and passes
+(``mpidist.tensorflow.keras.xla`` turns off Keras's own compilation of the whole step and passes
 ``strategy.run`` a ``SplitStep`` of the train step instead). A step without an optimizer
 update (evaluation, prediction) is part 1 alone. A value the step returns that is made with a
 collective (tf_keras's metric results, all-reduced every step) goes through ``defer_output``: a
@@ -48,7 +48,7 @@ what to do, never a silent change of results:
   shapes and dtypes), or none at all (an optimizer told not to aggregate was given gradients the
   step reduced itself: part 1 holds that collective and has failed already);
 - ``strategy.run`` inside a function that is itself compiled with ``jit_compile=True`` (what
-  Keras 3 does without ``mpidist.keras``): XLA owns that whole function, nothing inside can be
+  Keras 3 does without ``mpidist.tensorflow.keras``): XLA owns that whole function, nothing inside can be
   split off; put ``jit_compile=True`` on the function given to ``strategy.run`` instead.
 """
 from __future__ import annotations

@@ -89,5 +89,5 @@ def eng():
 def strategy(eng):
     """mpidist's TensorFlow MultiWorkerMirroredStrategy on ``eng`` (NumPy test modules define their own)."""
     from mpidist.cross_device.options import CommunicationOptions
-    from mpidist.tensorflow.classes import make_tf_strategy  # as the public classes build it (+ mpidist.keras)
+    from mpidist.tensorflow.classes import make_tf_strategy  # as the public classes build it (+ mpidist.tensorflow.keras)
     return make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())

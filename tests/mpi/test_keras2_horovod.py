@@ -14,7 +14,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from mpidist.keras import flavor  # noqa: E402
+from mpidist.tensorflow.keras import flavor  # noqa: E402
 
 if not flavor.is_keras2():
     pytest.skip("Keras 2 tests: run with TF_USE_LEGACY_KERAS=1 and tf_keras installed (tests/run does)",

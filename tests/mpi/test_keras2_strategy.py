@@ -21,7 +21,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from mpidist.keras import flavor  # noqa: E402
+from mpidist.tensorflow.keras import flavor  # noqa: E402
 
 if not flavor.is_keras2():
     pytest.skip("Keras 2 tests: run with TF_USE_LEGACY_KERAS=1 and tf_keras installed (tests/run does)",
@@ -362,14 +362,14 @@ def test_model_built_in_scope_keeps_its_strategy_outside_it(eng, comm):
     """A tf_keras model keeps its strategy as ``_distribution_strategy`` (Keras 3:
     ``_distribute_strategy``): mpidist's save coordination finds it outside the scope too, directly
     and through a tf.train.Checkpoint holding the model."""
-    from mpidist.keras import patching
+    from mpidist.tensorflow import owners
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     with strategy.scope():
         model = build_model("sgd")
     expected = strategy if comm.Get_size() > 1 else None  # one rank: nothing to coordinate
-    assert patching.model_strategy(model) is expected
-    assert patching.built_under(model) is strategy
-    assert patching.tracked_strategy(tf.train.Checkpoint(model=model)) is expected
+    assert owners.model_strategy(model) is expected
+    assert owners.built_under(model) is strategy
+    assert owners.tracked_strategy(tf.train.Checkpoint(model=model)) is expected
 
 
 def test_csv_logger_rows_written_once(eng, comm, shared_dir):

@@ -15,7 +15,7 @@ keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.keras)
+from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.tensorflow.keras)
 
 pytestmark = pytest.mark.mpi
 MICRO, STEPS, ROWS, EPOCHS = 16, 4, 64, 2  # 4 micro-batches of 16 = one update of 64, per epoch

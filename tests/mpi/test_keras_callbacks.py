@@ -165,7 +165,7 @@ def test_early_stopping_stops_every_rank_at_the_same_epoch(strategy, comm):
 def test_interrupted_write_keeps_the_previous_file(strategy, comm, shared_dir, monkeypatch):
     """The chief writes to a temporary name and renames: a write that fails before the rename leaves
     the previous checkpoint untouched and no temporary file, and every rank gets the error."""
-    from mpidist.keras import files
+    from mpidist.tensorflow.keras import files
     if comm.Get_size() == 1:
         pytest.skip("one rank: Keras's own write (the patches act for several ranks only)")
     x, y = data(seed=4)

@@ -2,7 +2,7 @@
 ``clipnorm``, ``global_clipnorm`` and ``clipvalue``, in ``fit`` (also with gradient accumulation) and
 in custom loops calling ``optimizer.apply_gradients`` / ``optimizer.apply`` inside ``strategy.run``,
 equal to one process on the same global batches. (Keras 3 clips before its cross-replica sum, and
-TensorFlow's own strategies clip each replica's part; see mpidist/keras/clipping.py.)"""
+TensorFlow's own strategies clip each replica's part; see mpidist/tensorflow/keras/clipping.py.)"""
 from __future__ import annotations
 
 import os

@@ -69,7 +69,7 @@ def test_predict_of_a_plain_output_and_predict_on_batch(strategy, comm):
 
 
 def test_patches_are_listed(strategy):
-    from mpidist.keras import patching
+    from mpidist.tensorflow import patching
     listed = patching.installed()
     assert "keras.src.backend.tensorflow.trainer.reduce_per_replica" in listed
     assert any(name.endswith("ModelCheckpoint._save_model") for name in listed)

@@ -32,7 +32,7 @@ keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.keras import xla as keras_xla  # noqa: E402
+from mpidist.tensorflow.keras import xla as keras_xla  # noqa: E402
 from mpidist.tensorflow import XlaCollectiveError, xla  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
 

@@ -21,7 +21,7 @@ keras = pytest.importorskip("keras")
 import mpidist  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow import checkpoint  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.keras)
+from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.tensorflow.keras)
 
 pytestmark = pytest.mark.mpi
 GLOBAL_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)

@@ -22,7 +22,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import mpidist  # noqa: E402
-from mpidist.keras import patching  # noqa: E402
+from mpidist.tensorflow import patching  # noqa: E402
 from mpidist.tensorflow import preemption  # noqa: E402
 from reference import same_everywhere  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""mpidist.keras.flavor: which Keras a module is, Keras 2 optimizer kinds, optimizer variables (no
+"""mpidist.tensorflow.keras.flavor: which Keras a module is, Keras 2 optimizer kinds, optimizer variables (no
 TensorFlow import: stand-in modules and classes)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from mpidist.keras import flavor
+from mpidist.tensorflow.keras import flavor
 
 
 def test_major_version_from_the_module_or_its_package(monkeypatch):

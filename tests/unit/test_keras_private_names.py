@@ -1,6 +1,6 @@
 """Every private Keras / TensorFlow name mpidist relies on still exists in the installed release.
 
-The tables are ``mpidist.keras.patching.KERAS_PRIVATE`` (Keras 3 ``keras``, Keras 2 ``tf_keras``)
+The tables are ``mpidist.tensorflow.patching.KERAS_PRIVATE`` (Keras 3 ``keras``, Keras 2 ``tf_keras``)
 and ``mpidist.tensorflow._tf_private.TF_PRIVATE``: class -> names mpidist reads, writes, calls
 or overrides. A release that renames or drops one fails here, naming the class, the symbol and
 the version, instead of breaking a training run (or, for an override, silently not calling it).
@@ -17,7 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from mpidist.keras import patching  # noqa: E402
+from mpidist.tensorflow import patching  # noqa: E402
 from mpidist.tensorflow import _tf_private  # noqa: E402
 
 _TF = "tensorflow.python."
@@ -120,7 +120,7 @@ def missing_names(table, tmp_path):
 def test_every_private_keras_name_exists(tmp_path):
     missing = missing_names(patching.KERAS_PRIVATE, tmp_path)
     assert not missing, ("private Keras names mpidist relies on are gone from the installed Keras "
-                         "(see mpidist/keras/patching.py, KERAS_PRIVATE):\n" + "\n".join(missing))
+                         "(see mpidist/tensorflow/patching.py, KERAS_PRIVATE):\n" + "\n".join(missing))
 
 
 def test_every_private_tensorflow_name_exists(tmp_path):

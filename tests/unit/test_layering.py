@@ -1,5 +1,6 @@
 """Imports flow one way: topology → collectives → cross-device → values → input → strategies →
-tensorflow / keras → horovod → the public namespace and the command line. A lower layer never
+tensorflow (its core → its keras/ patches → its strategy classes) → horovod → the public namespace
+and the command line. A lower layer never
 reaches a higher one: not by an import statement, not by a module name in a string
 (``importlib.import_module("mpidist.x")``, ``__import__``, ``sys.modules["mpidist.x"]``), not by
 an import whose module name is computed (where it cannot be checked), and no module registers
@@ -21,24 +22,29 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     "_version": 0, "errors": 0, "_config": 0, "validation": 0, "files": 0,
     "topology": 1, "collectives": 2, "cluster_resolver": 2, "cross_device": 3, "values": 4, "input": 5,
     "strategies": 6,
-    # the TensorFlow integration: mpidist.tensorflow's strategy classes install the Keras patches,
-    # which use its checkpoint helpers; test_imports.py keeps the two packages free of circles
-    "tensorflow": 7, "keras": 7,
+    # the TensorFlow integration, Keras's patches included (mpidist/tensorflow/keras): ordered inside by SUBLAYERS
+    "tensorflow": 7,
     "horovod": 8,
     # the public namespace (frameworks: the framework choice) and the command line (run and horovodrun:
     # launch; check, info, bench, soak, timeline)
     "frameworks": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP, "overlap": TOP,
-    "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP, "elastic": TOP,
+    "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
+    "elastic": TOP,
 }
+# Inside a package: the first component after "mpidist.<package>." -> sub-layer (0 when not named; the
+# package's own __init__ re-exports, above them all). mpidist.tensorflow: the core (strategy, extended,
+# checkpoint, the patch registry) -> keras/ (the Keras patches, which use the core) -> classes (the
+# strategy classes, which install the patches).
+SUBLAYERS = {"tensorflow": {"keras": 1, "classes": 2}}
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
 DYNAMIC = "<a module name computed at run time>"
 # modules whose import_module(name) takes a computed name, and why that cannot reach mpidist
 COMPUTED_IMPORTS = {
     "mpidist.tensorflow._tf_private": "TensorFlow's private modules, by the names in its own table",
-    "mpidist.keras.patching": "tf_keras's private modules, by the names in its own table (TF_KERAS_INTERNALS)",
+    "mpidist.tensorflow.patching": "tf_keras's private modules, by the names in its own table (TF_KERAS_INTERNALS)",
     "mpidist.launch.aliases": "mpidist.horovod's modules, by the horovod.* name a program imports (a layer below)",
 }
-INTEGRATIONS = {"tensorflow", "keras", "horovod"}  # framework packages: may import their framework
+INTEGRATIONS = {"tensorflow", "horovod"}  # framework packages: may import their framework
 
 
 def layer(module: str) -> int:
@@ -48,6 +54,15 @@ def layer(module: str) -> int:
     if parts[1] not in LAYERS:
         raise KeyError(f"{module}: mpidist.{parts[1]} has no layer in LAYERS (tests/unit/test_layering.py)")
     return LAYERS[parts[1]]
+
+
+def sublayer(module: str, is_pkg: bool = False) -> float:
+    """The sub-layer of ``module`` inside its package (SUBLAYERS); a package's own __init__ is above all."""
+    parts = module.split(".")
+    table = SUBLAYERS.get(parts[1], {}) if len(parts) > 1 else {}
+    if len(parts) == 2:
+        return float("inf")
+    return table.get(parts[2], 0)
 
 
 def modules():
@@ -132,8 +147,11 @@ def test_no_upward_or_heavy_imports(name, is_pkg, path):
                 f"{name} (layer {own}) imports a module whose name it computes: nothing can check that it " \
                 f"does not reach a higher layer (import it by name, or list it in COMPUTED_IMPORTS with why)"
         elif target == "mpidist" or target.startswith("mpidist."):
-            if name.split(".")[:2] == target.split(".")[:2]:
-                continue  # inside its own layer
+            if name.split(".")[:2] == target.split(".")[:2]:  # inside its own package: by SUBLAYERS
+                assert name.split(".")[1] not in SUBLAYERS or sublayer(target) <= sublayer(name, is_pkg), \
+                    f"{name} (sub-layer {sublayer(name, is_pkg)} of mpidist.{name.split('.')[1]}) imports {target} " \
+                    f"(sub-layer {sublayer(target)})"
+                continue
             assert layer(target) <= own, f"{name} (layer {own}) imports {target} (layer {layer(target)})"
         elif module_level and (name.split(".") + [""])[1] not in INTEGRATIONS:
             assert target.split(".")[0] not in HEAVY, f"{name} imports {target} at import time"
@@ -203,16 +221,29 @@ def test_layer_map_catches_an_upward_import():
     assert layer("mpidist.strategies") > layer("mpidist.collectives.engine")
 
 
+def test_sublayers_catch_an_upward_import_inside_tensorflow():
+    """The arrow tensorflow/classes.py -> keras had to run down: the core may not import the Keras patches
+    or the strategy classes, the Keras patches may not import the strategy classes."""
+    for name, code in (("mpidist.tensorflow.strategy", "from .keras import patching_user\n"),
+                       ("mpidist.tensorflow.preemption", "from . import classes\n"),
+                       ("mpidist.tensorflow.keras.shuffle", "from ..classes import make_tf_strategy\n")):
+        tree = ast.parse(code)
+        found = [t for t, _ in imports(name, False, tree) if t.startswith("mpidist.")]
+        assert found and any(sublayer(t) > sublayer(name) for t in found), (name, found)
+    assert sublayer("mpidist.tensorflow.keras.shuffle") < sublayer("mpidist.tensorflow.classes") \
+        < sublayer("mpidist.tensorflow", True)
+
+
 def test_layer_map_reads_module_names_in_strings():
     """The side doors strategies/backends.py and cross_device/ops.py had: a plugin loaded by name."""
     tree = ast.parse("import importlib, sys\nPLUGIN = 'mpidist.tensorflow'\n"
                      "def load():\n    return importlib.import_module(PLUGIN)\n"
-                     "def keras():\n    return __import__('mpidist.keras')\n"
+                     "def keras():\n    return __import__('mpidist.tensorflow.keras')\n"
                      "def loaded():\n    return sys.modules.get('mpidist.horovod')\n"
                      "def rel():\n    return importlib.import_module('..frameworks', __package__)\n"
                      "def any_of(name):\n    return importlib.import_module(name)\n")
     found = set(imports("mpidist.strategies.backends", False, tree))
-    assert {("mpidist.tensorflow", False), ("mpidist.keras", False), ("mpidist.horovod", False),
+    assert {("mpidist.tensorflow", False), ("mpidist.tensorflow.keras", False), ("mpidist.horovod", False),
             ("mpidist.frameworks", False), (DYNAMIC, False)} <= found
     assert all(layer(t) > layer("mpidist.strategies") for t, _ in found if t.startswith("mpidist."))
 

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpidist"
 
 # Modules whose whole purpose is wrapping TensorFlow/Keras private internals (and nothing else).
-CONFINED = {"tensorflow/_tf_private.py", "keras/patching.py"}
+CONFINED = {"tensorflow/_tf_private.py", "tensorflow/patching.py"}
 # Standard-library private names that are the documented way to do something.
 STDLIB = {("sys", "_getframe"), ("sys", "_current_frames"), ("os", "_exit")}
 # namedtuple's public API is spelled with one underscore.
@@ -92,9 +92,9 @@ def _table_names(rel: str, table: str) -> set[str]:
     raise AssertionError(f"mpidist/{rel} has no {table} table")
 
 
-KERAS_NAMES = _table_names("keras/patching.py", "KERAS_PRIVATE")
+KERAS_NAMES = _table_names("tensorflow/patching.py", "KERAS_PRIVATE")
 TABLE_NAMES = KERAS_NAMES | _table_names("tensorflow/_tf_private.py", "TF_PRIVATE")
-ACCESSORS = {"get_private", "set_private", "call_private", "patch"}
+ACCESSORS = {"get_private", "set_private", "call_private", "patch", "replace"}
 
 
 def _is_super(node: ast.expr) -> bool:
@@ -143,7 +143,7 @@ def _uses(tree: ast.Module) -> list[tuple[ast.AST, str, str, Any]]:
                 how = "store" if called in ("setattr", "__setattr__") else "load"
                 uses.append((node, name, how, _method_of(node, who, parents)))
             elif called in ACCESSORS and isinstance(func, ast.Attribute):
-                uses.append((node, name, "patch" if called == "patch" else "accessor", None))
+                uses.append((node, name, "patch" if called in ("patch", "replace") else "accessor", None))
     return uses
 
 

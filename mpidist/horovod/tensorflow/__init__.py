@@ -3,7 +3,7 @@
 Pure Python on mpidist's engine; launch with mpirun/srun as before. This module only re-exports.
 See docs/horovod.md for what is supported and how it differs.
 """
-from . import elastic, keras_spellings, util
+from . import elastic, util
 from .allreduce import allreduce, grouped_allreduce
 from .basics import (
     ccl_built,
@@ -50,14 +50,12 @@ from .sync import barrier, broadcast_, broadcast_global_variables, broadcast_var
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .util import executing_eagerly as _executing_eagerly  # noqa: F401 -- Horovod's tests call hvd._executing_eagerly()
 
-keras_spellings.install()
-
 
 def __getattr__(name: str) -> object:
     """``SyncBatchNormalization`` imports Keras, so only when it is asked for: the layer of
     ``tf.keras``'s Keras, as Horovod's (Keras 2 under TF_USE_LEGACY_KERAS=1, else Keras 3)."""
     if name == "SyncBatchNormalization":
-        from ...keras import flavor
+        from ...tensorflow.keras import flavor
         if flavor.is_keras2():
             from .keras2_sync_batch_norm import SyncBatchNormalization as Keras2Layer
             return Keras2Layer

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from ..._config import rc
 from ...collectives import Engine
-from . import environment, keras_spellings, process_sets
+from . import environment, keras_spellings, process_sets, sessions
 
 _log = logging.getLogger("mpidist")
 _engine: Engine | None = None
@@ -42,7 +42,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     if base is not comm:
         base.Free()
     process_sets_mod.register_global(_engine)
-    keras_spellings.install()  # Keras may have been loaded after mpidist.horovod
+    keras_spellings.install()  # the patches of hvd (mpidist.tensorflow.patching): at init, never at import
+    sessions.install()
     if process_sets not in (None, "dynamic"):
         for ps in process_sets:
             process_sets_mod.add_process_set(ps)

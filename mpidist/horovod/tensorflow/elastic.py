@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from ...keras import flavor
+from ...tensorflow.keras import flavor
 from .basics import rank
 from .objects import broadcast_object
 from .sync import broadcast_variables

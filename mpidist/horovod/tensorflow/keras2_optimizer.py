@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor, patching
+from ...tensorflow import patching
+from ...tensorflow.keras import flavor
 from .tape import local_variable_ids, reduce_gradients
 
 
@@ -188,7 +189,8 @@ def distributed_optimizer(optimizer: Any, name: str | None, settings: dict[str, 
 def wrap_in_place(optimizer: Any, settings: dict[str, Any]) -> Any:
     """Make a (loaded, maybe built) Keras 2 optimizer allreduce its gradients, keeping its state."""
     legacy = flavor.keras2_optimizer_kind(optimizer) == "legacy"
-    optimizer.__class__ = _distributed_class(optimizer.__class__, settings, legacy)
+    patching.adopt(optimizer, _distributed_class(optimizer.__class__, settings, legacy), checked=patching.KERAS2,
+                   reason="hvd.load_model: the loaded optimizer allreduces, its state (slots, iterations) kept")
     optimizer.hvd_setup(settings)
     return optimizer
 

@@ -11,7 +11,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from ...keras import patching
+from ...tensorflow import patching
 from .moments import global_moments, layer_kwargs
 from .process_sets import ProcessSet, global_process_set
 

@@ -12,9 +12,10 @@
   its TensorFlow variable's graph element, as ``tf.Variable`` does.
 
 Nothing is replaced where Keras has the name already. Only the installed Keras 3 is touched
-(``tf_keras``, under ``TF_USE_LEGACY_KERAS=1``, has both). Installed when
-``mpidist.horovod.tensorflow`` is imported (with TensorFlow 2.16+, importing TensorFlow has loaded
-Keras already) and again at ``hvd.init()``.
+(``tf_keras``, under ``TF_USE_LEGACY_KERAS=1``, has both). Installed at ``hvd.init()``, through
+the patch registry (``mpidist.tensorflow.patching``), never when ``mpidist.horovod.tensorflow`` is
+imported: a program calls ``hvd.init()`` before it builds a model, as Horovod requires (before it,
+Keras 3 answers these spellings with its own errors, as under Horovod itself).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import inspect
 import sys
 from typing import Any
 
+from ...tensorflow import patching
 from ...tensorflow.variables import make_session_fetchable
 
 _KERAS_TF_VARIABLE = "keras.src.backend.tensorflow.core"
@@ -66,12 +68,16 @@ def install() -> None:
     """Give the loaded Keras 3 classes the three spellings (see the module docstring)."""
     variable = getattr(sys.modules.get(_KERAS_TF_VARIABLE), "Variable", None)
     if variable is not None and not hasattr(variable, "ref"):
-        variable.ref = _ref
+        patching.replace(variable, "ref", _ref, checked=patching.KERAS3,
+                         reason="Horovod programs key dictionaries by tf.keras 2's var.ref()")
     if variable is not None:
         make_session_fetchable(variable)
     batch_norm = getattr(sys.modules.get(_KERAS_BATCH_NORM), "BatchNormalization", None)
     if batch_norm is not None and "fused" not in _parameters(batch_norm.__init__):
-        batch_norm.__init__ = _accepting_fused(batch_norm.__init__)
+        # replace, not patch: patch's functools.update_wrapper would set __wrapped__, and Keras reads the
+        # signature (inspect.signature follows __wrapped__, getfullargspec does not) to build the config
+        patching.replace(batch_norm, "__init__", _accepting_fused(batch_norm.__init__), checked=patching.KERAS3,
+                         reason="Horovod programs pass tf.keras 2's BatchNormalization(fused=...), a speed hint")
 
 
 def _parameters(function: Any) -> set[str]:

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from ...keras import flavor, patching
+from ...tensorflow import patching
+from ...tensorflow.keras import flavor
 from . import keras2_optimizer
 from .compression import Compression
 from .process_sets import ProcessSet, global_process_set
@@ -163,7 +164,9 @@ def wrap_in_place(optimizer: Any, compression: Any = Compression.none, sparse_as
                     gradient_predivide_factor=gradient_predivide_factor, num_groups=0, groups=None,
                     process_set=process_set, name="DistributedOptimizer")
         return keras2_optimizer.wrap_in_place(optimizer, keras2_optimizer.settings(args, 1, False, None))
-    optimizer.__class__ = type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {})
+    patching.adopt(optimizer, type(optimizer.__class__.__name__, (_KerasMixin, optimizer.__class__), {}),
+                   checked=patching.KERAS3,
+                   reason="hvd.load_model: the loaded optimizer allreduces, its state (slots, iterations) kept")
     optimizer.hvd_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor, num_groups=0,
                                groups=None, process_set=process_set, name="DistributedOptimizer")

@@ -18,7 +18,7 @@ collective op does no communication itself:
   while its peers arrive, but only the next collective in order ever runs directly, so at most one
   thread per rank is held, and nothing the step still needs is behind it;
 - ``Session.run`` and the Session's callables (``_make_callable_from_options``, behind
-  ``make_callable`` and tf_keras's v1 graph functions; wrapped when the first such op is built)
+  ``make_callable`` and tf_keras's v1 graph functions; wrapped at ``hvd.init()``)
   work out before the step which collectives its fetches need: the ops reached from the fetches
   through inputs and control inputs, fed tensors cut, in creation order (a topological order: no
   collective needs one made after it). Every rank builds the same graph and fetches the same
@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ...tensorflow import patching
 from ...tensorflow.collectives import in_v1_control_flow, wrap_session_callables
 
 _THREAD = "mpidist-v1-collectives"  # the name of the thread that runs a step's collectives
@@ -249,8 +250,6 @@ class _Graph:
 _ATTRIBUTE = "_mpidist_v1_collectives"  # a graph's _Graph, kept on the graph (its ops refer to the graph)
 _ORIGINAL_RUN: Callable[..., Any] = tf.compat.v1.Session.run
 _ORIGINAL_MAKE_CALLABLE: Callable[..., Any] = tf.compat.v1.Session.make_callable  # our enqueue callables
-_install_lock = threading.Lock()
-_installed = False
 
 
 def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Sequence[tf.DType],
@@ -258,7 +257,7 @@ def collective(name: str, body: Body, tensors: Sequence[tf.Tensor], types: Seque
     """A collective op in the current v1 graph: ``body(*arrays)`` returns its outputs ``types``
     (results, then an int32 status and a string message). Returns the outputs and the body of the
     op that re-raises the body's exception where the status is ``RAISED``."""
-    _install()
+    install()  # hvd.init() has (a second call does nothing)
     graph = tf.compat.v1.get_default_graph()
     state = getattr(graph, _ATTRIBUTE, None)
     if state is None:
@@ -294,26 +293,25 @@ def select(pred: tf.Tensor, when_true: Sequence[tf.Tensor], when_false: Callable
     return [tf.raw_ops.Merge(inputs=[t, f])[0] for t, f in zip(true_side, false_side)]
 
 
-def _install() -> None:
-    """Wrap ``Session.run`` and the Session's callables (once): runs of graphs without mpidist v1
-    collectives go straight through."""
-    global _installed  # pylint: disable=global-statement
-    with _install_lock:
-        if _installed:
-            return
-        for cls in {tf.compat.v1.Session, tf.compat.v1.InteractiveSession}:
-            cls.run = _run
-        wrap_session_callables(_callables_ordered)
-        _installed = True
+def install() -> None:
+    """Wrap ``Session.run`` and the Session's callables (at ``hvd.init()``, through the patch registry:
+    once, thread-safe): runs of graphs without mpidist v1 collectives go straight through."""
+    for cls in (tf.compat.v1.Session, tf.compat.v1.InteractiveSession):
+        patching.patch(cls, "run", _ordered_run, checked=patching.TENSORFLOW,
+                       reason="hvd collectives in a tf.compat.v1 graph run in one order on every rank")
+    wrap_session_callables(_callables_ordered,
+                           reason="hvd collectives in a v1 graph run in one order in make_callable's callables")
 
 
-@functools.wraps(_ORIGINAL_RUN)
-def _run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
-    state = getattr(self.graph, _ATTRIBUTE, None)
-    call = functools.partial(_ORIGINAL_RUN, self, fetches, feed_dict, options, run_metadata)
-    if state is None:
-        return call()
-    return state.ordered(self, fetches, list(feed_dict or ()), call)
+def _ordered_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Session.run`` whose runs of a graph with mpidist v1 collectives run them in order."""
+    def run(self: Any, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        state = getattr(self.graph, _ATTRIBUTE, None)
+        call = functools.partial(original, self, fetches, feed_dict, options, run_metadata)
+        if state is None:
+            return call()
+        return state.ordered(self, fetches, list(feed_dict or ()), call)
+    return run
 
 
 def _callables_ordered(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....keras import flavor
+from ....tensorflow.keras import flavor
 from .. import (  # noqa: F401
     Adasum,
     Average,

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from ....keras import flavor
+from ....tensorflow.keras import flavor
 from .. import basics, joins
 from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
 from ..optimizer import shared_variables

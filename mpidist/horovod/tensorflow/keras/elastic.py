@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....keras import flavor
+from ....tensorflow.keras import flavor
 from ..elastic import TensorFlowKerasState, run
 
 keras: Any = flavor.user_keras()

@@ -24,7 +24,7 @@ import contextvars
 import weakref
 from typing import Any, Callable
 
-from . import patching
+from .. import owners, patching
 
 _LOCAL = contextvars.ContextVar("mpidist_keras_local_predict", default=False)
 _local_functions: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -46,7 +46,7 @@ def gather_outputs(values: Any, strategy: Any) -> Any:
 
 def _reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
     def reduce_per_replica(values: Any, strategy: Any, reduction: Any) -> Any:
-        if reduction == "concat" and not _LOCAL.get() and patching.multi_rank(strategy) is not None:
+        if reduction == "concat" and not _LOCAL.get() and owners.multi_rank(strategy) is not None:
             return gather_outputs(values, strategy)
         return original(values, strategy, reduction)
     return reduce_per_replica
@@ -54,7 +54,7 @@ def _reduce_per_replica(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _predict_on_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     def predict_on_batch(self: Any, x: Any) -> Any:
-        if patching.multi_rank(self.distribute_strategy) is None:
+        if owners.multi_rank(self.distribute_strategy) is None:
             return original(self, x)
         shared = self.predict_function
         self.predict_function = _local_functions.get(self)  # None: Keras makes one, traced unsharded
@@ -71,9 +71,12 @@ def _predict_on_batch(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     from keras.src.backend.tensorflow import trainer
-    patching.patch(trainer, "reduce_per_replica", _reduce_per_replica)
-    patching.patch(trainer.TensorFlowTrainer, "predict_on_batch", _predict_on_batch)
+    patching.patch(trainer, "reduce_per_replica", _reduce_per_replica, checked=patching.KERAS3,
+                   reason="predict returns every rank's rows, in input order, on every rank")
+    patching.patch(trainer.TensorFlowTrainer, "predict_on_batch", _predict_on_batch, checked=patching.KERAS3,
+                   reason="predict_on_batch: this rank's rows, not gathered")
 
 
 def install_keras2() -> None:
-    patching.patch(patching.tf_keras_internal("training"), "reduce_per_replica", _reduce_per_replica)
+    patching.patch(patching.tf_keras_internal("training"), "reduce_per_replica", _reduce_per_replica,
+                   checked=patching.KERAS2, reason="predict returns every rank's rows, in input order, on every rank")

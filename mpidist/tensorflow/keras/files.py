@@ -24,9 +24,8 @@ import gc
 import os
 from typing import Any, Callable
 
-from .. import files
-from ..tensorflow import checkpoint
-from . import patching
+from ... import files
+from .. import checkpoint, owners, patching
 
 # Keras picks the format from the file name's ending: keep it on the temporary name.
 _ENDINGS = (".weights.h5", ".weights.json", ".keras", ".h5", ".hdf5", ".json")
@@ -55,7 +54,7 @@ def _saving(kind: str, keras2: bool = False) -> Callable[[Any], Callable[..., An
     """The patch of one saving function; ``keras2``: tf_keras's (see the module docstring)."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def save(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
-            strategy = patching.model_strategy(model)
+            strategy = owners.model_strategy(model)
             if strategy is None or not isinstance(filepath, (str, os.PathLike)):
                 return original(model, filepath, *args, **kwargs)
 
@@ -89,13 +88,17 @@ def _keras2_single_file(filepath: Any, save_format: Any) -> bool:
 def install() -> None:
     from keras.src.saving import saving_api
     # what Model.save / save_weights call, and every public name of them (keras.saving, keras.models)
-    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model"))
-    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights"))
+    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model"), checked=patching.KERAS3,
+                            reason='each path written once, atomically, whichever ranks save')
+    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights"), checked=patching.KERAS3,
+                            reason='each path written once, atomically, whichever ranks save')
 
 
 def install_keras2() -> None:
     saving_api = patching.tf_keras_internal("saving_api")
     # what Model.save / save_weights call, and every public name of them (tf_keras.models,
     # tf_keras.saving, and tf.keras's where tf.keras is tf_keras)
-    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model", keras2=True))
-    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights", keras2=True))
+    patching.patch_function(saving_api, "save_model", _saving("keras.saving.save_model", keras2=True),
+                            checked=patching.KERAS2, reason='each path written once, atomically, whichever ranks save')
+    patching.patch_function(saving_api, "save_weights", _saving("keras.saving.save_weights", keras2=True),
+                            checked=patching.KERAS2, reason='each path written once, atomically, whichever ranks save')

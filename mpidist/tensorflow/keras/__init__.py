@@ -3,7 +3,7 @@ process would do.
 
 Installed when an mpidist TensorFlow strategy is built (``install()``: once, idempotent). Each
 module patches one topic, each patch acting only for a model or checkpoint of a multi-rank mpidist
-strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's own code:
+strategy (``owners.multi_rank``); anything else runs Keras's and TensorFlow's own code:
 
 - ``predict``: ``model.predict`` returns every rank's rows, in input order, on every rank;
 - ``callbacks``: ModelCheckpoint, BackupAndRestore, TensorBoard, CSVLogger write once (the
@@ -30,11 +30,13 @@ a program uses.
 from __future__ import annotations
 
 import logging
+import threading
 
-from . import patching
+from .. import patching
 
 _log = logging.getLogger("mpidist")
 _done = False
+_lock = threading.Lock()  # strategies built in two threads at once: one installs, the other waits
 
 
 def install(strategy=None) -> None:
@@ -43,9 +45,9 @@ def install(strategy=None) -> None:
     With ``strategy`` (make_strategy passes each new one; collective over its ranks), its ranks
     also agree on the seed of unseeded shuffles (``shuffle.register``).
     """
-    global _done
-    if not _done:
-        _install()
+    with _lock:
+        if not _done:
+            _install()
     if strategy is not None:
         from . import shuffle
         shuffle.register(strategy)
@@ -55,7 +57,7 @@ def _install() -> None:
     global _done
     import sys
 
-    from ..tensorflow import preemption
+    from .. import preemption
     from . import flavor, tf_checkpoint
     tf_checkpoint.install()
     preemption.install()  # tf.distribute.experimental.PreemptionCheckpointHandler (mpidist/tensorflow/preemption.py)

@@ -33,30 +33,31 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from ..tensorflow import checkpoint, variables
-from . import files, patching
+from .. import checkpoint, owners, patching, variables
+from . import files
 
 # -- every callback: the variables it creates are this rank's own -----------------------------------
 
 def _own_variables(original: Callable[..., Any]) -> Callable[..., Any]:
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if patching.model_strategy(getattr(self, "model", None)) is None:
+        if owners.model_strategy(getattr(self, "model", None)) is None:
             return original(self, *args, **kwargs)
         with variables.own_variables():
             return original(self, *args, **kwargs)
     return hook
 
 
-def _patch_hooks(callback_list: type) -> None:
+def _patch_hooks(callback_list: type, checked: str) -> None:
     for name in sorted(n for n, f in vars(callback_list).items() if n.startswith("on_") and callable(f)):
-        patching.patch(callback_list, name, _own_variables)
+        patching.patch(callback_list, name, _own_variables, checked=checked,
+                       reason="variables a callback creates are this rank's own (it may run on the chief alone)")
 
 
 # -- ModelCheckpoint ------------------------------------------------------------------------------
 
 def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def _save_model(self: Any, epoch: Any, batch: Any, logs: Any) -> Any:
-        strategy = patching.model_strategy(self.model)
+        strategy = owners.model_strategy(self.model)
         if strategy is None or checkpoint.inside_save():
             return original(self, epoch, batch, logs)
 
@@ -77,7 +78,7 @@ def _model_checkpoint_save(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _backup_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def _save_model(self: Any) -> Any:
-        strategy = patching.model_strategy(self.model)
+        strategy = owners.model_strategy(self.model)
         if strategy is None or checkpoint.inside_save():
             return original(self)
 
@@ -104,7 +105,7 @@ def _backup_save(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_begin(self: Any, logs: Any = None) -> Any:
-        strategy = patching.model_strategy(self.model)
+        strategy = owners.model_strategy(self.model)
         if strategy is None or checkpoint.inside_save():
             return original(self, logs)
         # the chief loads (and repairs a damaged backup from the previous one, Keras's fallback);
@@ -118,7 +119,7 @@ def _backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _backup_end(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_end(self: Any, logs: Any = None) -> Any:
-        strategy = patching.model_strategy(self.model)
+        strategy = owners.model_strategy(self.model)
         if strategy is None or checkpoint.inside_save():
             return original(self, logs)
         checkpoint.save_once(strategy, "keras.callbacks.BackupAndRestore.end", self.backup_dir,
@@ -131,7 +132,7 @@ def _backup_end(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tensorboard_set_model(original: Callable[..., Any]) -> Callable[..., Any]:
     def set_model(self: Any, model: Any) -> Any:
-        strategy = patching.model_strategy(model)
+        strategy = owners.model_strategy(model)
         if strategy is not None and strategy.engine.rank != 0:
             if getattr(self, "_mpidist_private_dir", None) is None:
                 self._mpidist_private_dir = tempfile.mkdtemp(prefix="mpidist-tensorboard-")
@@ -156,7 +157,7 @@ def _tensorboard_end(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_begin(self: Any, logs: Any = None) -> Any:
-        strategy = patching.model_strategy(self.model)
+        strategy = owners.model_strategy(self.model)
         if strategy is None or strategy.engine.rank == 0:
             if getattr(self, "_mpidist_filename", None) is not None:
                 self.filename, self._mpidist_filename = self._mpidist_filename, None
@@ -178,20 +179,27 @@ def install() -> None:
     from keras.src.callbacks.csv_logger import CSVLogger
     from keras.src.callbacks.model_checkpoint import ModelCheckpoint
     from keras.src.callbacks.tensorboard import TensorBoard
-    patching.patch(ModelCheckpoint, "_save_model", _model_checkpoint_save)
-    patching.patch(BackupAndRestore, "_save_model", _backup_save)
-    patching.patch(BackupAndRestore, "on_train_begin", _backup_begin)
-    patching.patch(BackupAndRestore, "on_train_end", _backup_end)
-    patching.patch(TensorBoard, "set_model", _tensorboard_set_model)
-    patching.patch(TensorBoard, "on_train_end", _tensorboard_end)
-    patching.patch(CSVLogger, "on_train_begin", _csv_begin)
-    _patch_hooks(CallbackList)
+    patching.patch(ModelCheckpoint, "_save_model", _model_checkpoint_save, checked=patching.KERAS3,
+                   reason='the chief writes, once, atomically')
+    patching.patch(BackupAndRestore, "_save_model", _backup_save, checked=patching.KERAS3,
+                   reason='the chief writes, once, atomically')
+    patching.patch(BackupAndRestore, "on_train_begin", _backup_begin, checked=patching.KERAS3,
+                   reason="every rank restores the chief's backup")
+    patching.patch(BackupAndRestore, "on_train_end", _backup_end, checked=patching.KERAS3,
+                   reason='the chief alone deletes the backup')
+    patching.patch(TensorBoard, "set_model", _tensorboard_set_model, checked=patching.KERAS3,
+                   reason='the chief writes the logs, the other ranks a private directory')
+    patching.patch(TensorBoard, "on_train_end", _tensorboard_end, checked=patching.KERAS3,
+                   reason="the other ranks' private log directories are removed")
+    patching.patch(CSVLogger, "on_train_begin", _csv_begin, checked=patching.KERAS3,
+                   reason='the chief writes the rows, once')
+    _patch_hooks(CallbackList, patching.KERAS3)
 
 
 def _keras2_backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
     def on_train_begin(self: Any, logs: Any = None) -> Any:
-        strategy = patching.built_under(self.model)
-        if patching.is_mpidist(strategy):
+        strategy = owners.built_under(self.model)
+        if owners.is_mpidist(strategy):
             supported = patching.get_private(self, "_supported_strategies")
             if not isinstance(strategy, supported):
                 patching.set_private(self, "_supported_strategies", (*supported, type(strategy)))
@@ -207,6 +215,8 @@ def install_keras2() -> None:
     through ``tf.train.CheckpointManager`` (one writer, atomically: ``tf_checkpoint``), the other
     ranks write temporary directories they remove, and every rank restores the chief's backup."""
     module = patching.tf_keras_internal("callbacks")
-    patching.patch(module.CSVLogger, "on_train_begin", _csv_begin)
-    patching.patch(module.BackupAndRestore, "on_train_begin", _keras2_backup_begin)
-    _patch_hooks(module.CallbackList)
+    patching.patch(module.CSVLogger, "on_train_begin", _csv_begin, checked=patching.KERAS2,
+                   reason='the chief writes the rows, once')
+    patching.patch(module.BackupAndRestore, "on_train_begin", _keras2_backup_begin, checked=patching.KERAS2,
+                   reason='BackupAndRestore accepted under mpidist strategies')
+    _patch_hooks(module.CallbackList, patching.KERAS2)

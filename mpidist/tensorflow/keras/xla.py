@@ -36,8 +36,7 @@ import inspect
 import weakref
 from typing import Any, Callable
 
-from ..tensorflow import xla
-from . import patching
+from .. import owners, patching, xla
 
 _made: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()  # model -> its SplitSteps
 
@@ -83,7 +82,7 @@ def _watched_keras3(optimizer: Any, trainable_variables: Any) -> list[Any]:
 
 def _make_function(original: Callable[..., Any]) -> Callable[..., Any]:
     def make_function(self: Any, step_function: Any) -> Any:
-        if self.run_eagerly or not self.jit_compile or not patching.is_mpidist(self.distribute_strategy):
+        if self.run_eagerly or not self.jit_compile or not owners.is_mpidist(self.distribute_strategy):
             return original(self, step_function)
         split = xla.SplitStep(step_function, getattr(step_function, "__name__", "step"))
         _made.setdefault(self, []).append(split)
@@ -105,7 +104,7 @@ def split_steps(model: Any) -> list[Any]:
 def _resolve_auto_jit_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     def resolve_auto_jit_compile(self: Any) -> Any:
         strategy = patching.get_private(self, "_distribute_strategy")
-        if not patching.is_mpidist(strategy):
+        if not owners.is_mpidist(strategy):
             return original(self)
         patching.set_private(self, "_distribute_strategy", None)  # decide as without a strategy
         try:
@@ -139,9 +138,12 @@ def install() -> None:
     from keras.src.optimizers.base_optimizer import BaseOptimizer
     from keras.src.trainers.trainer import Trainer
     for cls in _keras_classes_defining(BaseOptimizer, "apply", "keras"):
-        patching.patch(cls, "apply", _keras3_apply)
-    patching.patch(TensorFlowTrainer, "_make_function", _make_function)
-    patching.patch(Trainer, "_resolve_auto_jit_compile", _resolve_auto_jit_compile)
+        patching.patch(cls, "apply", _keras3_apply, checked=patching.KERAS3,
+                       reason="jit_compile=True: the update runs after the gradients' all-reduce, outside XLA")
+    patching.patch(TensorFlowTrainer, "_make_function", _make_function, checked=patching.KERAS3,
+                   reason='jit_compile=True: the train step compiled in two parts around the all-reduce')
+    patching.patch(Trainer, "_resolve_auto_jit_compile", _resolve_auto_jit_compile, checked=patching.KERAS3,
+                   reason='jit_compile="auto" decides as without a strategy')
 
 
 # -- tf_keras (Keras 2) ---------------------------------------------------------------------------
@@ -200,7 +202,8 @@ def install_keras2() -> None:
     """The tf_keras patches (its optimizers' ``apply_gradients``; ``Model.get_metrics_result``,
     whose all-reduce of the metric results runs after the compiled parts of a split step)."""
     import tf_keras
-    patching.patch(tf_keras.Model, "get_metrics_result", _keras2_get_metrics_result)
+    patching.patch(tf_keras.Model, "get_metrics_result", _keras2_get_metrics_result, checked=patching.KERAS2,
+                   reason="a split step's metric results are all-reduced after its compiled parts")
     bases = [tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer]
     classes: list[type] = []
     for base in bases:
@@ -211,4 +214,5 @@ def install_keras2() -> None:
             if cls not in classes:
                 classes.append(cls)
     for cls in classes:
-        patching.patch(cls, "apply_gradients", _keras2_apply_gradients)
+        patching.patch(cls, "apply_gradients", _keras2_apply_gradients, checked=patching.KERAS2,
+                       reason="jit_compile=True: the update runs after the gradients' all-reduce, outside XLA")

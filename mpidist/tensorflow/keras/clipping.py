@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import patching
+from .. import owners, patching
 
 _MARK = "_mpidist_reduced"  # on the optimizer: the clipped sums _clip_gradients returned last
 
@@ -36,7 +36,7 @@ def _replica_strategy() -> Any:
     """The multi-rank mpidist strategy of the current replica context, or None."""
     import tensorflow as tf
     context = tf.distribute.get_replica_context()
-    return None if context is None else patching.multi_rank(context.strategy)
+    return None if context is None else owners.multi_rank(context.strategy)
 
 
 def _clip_gradients(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,5 +67,7 @@ def _all_reduce_sum_gradients(original: Callable[..., Any]) -> Callable[..., Any
 def install() -> None:
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     from keras.src.optimizers.base_optimizer import BaseOptimizer
-    patching.patch(BaseOptimizer, "_clip_gradients", _clip_gradients)
-    patching.patch(TFOptimizer, "_all_reduce_sum_gradients", _all_reduce_sum_gradients)
+    patching.patch(BaseOptimizer, "_clip_gradients", _clip_gradients, checked=patching.KERAS3,
+                   reason='clipnorm/clipvalue clip the gradient summed over the replicas')
+    patching.patch(TFOptimizer, "_all_reduce_sum_gradients", _all_reduce_sum_gradients, checked=patching.KERAS3,
+                   reason='gradients summed before clipping are not summed again')

@@ -26,16 +26,16 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..tensorflow import _tf_private, checkpoint
-from . import files, flavor, patching
+from .. import _tf_private, checkpoint, owners, patching
+from . import files, flavor
 
 
 def strategy_of(ckpt: Any) -> Any:
     """The multi-rank mpidist strategy ``ckpt`` belongs to (see the module docstring), or None."""
     import tensorflow as tf
     if tf.distribute.has_strategy():
-        return patching.multi_rank(tf.distribute.get_strategy())
-    return patching.tracked_strategy(ckpt)
+        return owners.multi_rank(tf.distribute.get_strategy())
+    return owners.tracked_strategy(ckpt)
 
 
 def _routed(helper: Callable[..., str]) -> Callable[[Any], Callable[..., Any]]:
@@ -95,7 +95,12 @@ def _saved_model_reads(strategy: Any, obj: Any) -> Any:
 
 def install() -> None:
     import tensorflow as tf
-    patching.patch(tf.train.Checkpoint, "save", _routed(checkpoint.save))
-    patching.patch(tf.train.Checkpoint, "write", _routed(checkpoint.write))
-    patching.patch(tf.train.CheckpointManager, "save", _manager_save)
-    patching.patch_function(tf.saved_model, "save", _saved_model_save)  # tf.compat.v2's too, and later copies
+    patching.patch(tf.train.Checkpoint, "save", _routed(checkpoint.save), checked=patching.TENSORFLOW,
+                   reason='each path written once, atomically, whichever ranks save')
+    patching.patch(tf.train.Checkpoint, "write", _routed(checkpoint.write), checked=patching.TENSORFLOW,
+                   reason='each path written once, atomically, whichever ranks write')
+    patching.patch(tf.train.CheckpointManager, "save", _manager_save, checked=patching.TENSORFLOW,
+                   reason='each path written once, atomically, whichever ranks save')
+    # tf.compat.v2's too, and later copies
+    patching.patch_function(tf.saved_model, "save", _saved_model_save, checked=patching.TENSORFLOW,
+                            reason='each path written once, atomically, whichever ranks save')

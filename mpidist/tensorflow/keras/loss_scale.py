@@ -11,15 +11,15 @@ global batch). Patched (Keras 3, in a replica context of a multi-rank mpidist st
 ``check_finite`` is this rank's answer combined over the replicas (one 4-byte ``all_reduce`` a step:
 the ranks whose part is not): the gradients are finite when every rank's part is, i.e. when their
 sum, the global gradient, is (short of an overflow in that sum). Keras 2 (tf_keras) aggregates the
-gradients before its check, and so does a ``jit_compile=True`` step (``mpidist.tensorflow.xla``): its
-update is given the summed gradients, the same on every rank, and their check needs no collective.
+gradients before its check, and so does a ``jit_compile=True`` step (``mpidist.tensorflow.xla``):
+its update is given the summed gradients, the same on every rank, and their check needs no
+collective.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..tensorflow import xla_record
-from . import patching
+from .. import owners, patching, xla_record
 
 
 def _check_finite(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,7 +27,7 @@ def _check_finite(original: Callable[..., Any]) -> Callable[..., Any]:
         import tensorflow as tf
         finite = original(self, grads)
         context = tf.distribute.get_replica_context()
-        if context is None or patching.multi_rank(context.strategy) is None or xla_record.replaying_update():
+        if context is None or owners.multi_rank(context.strategy) is None or xla_record.replaying_update():
             return finite
         failed = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(finite), tf.float32))
         return tf.equal(failed, 0.0)
@@ -36,4 +36,5 @@ def _check_finite(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
-    patching.patch(LossScaleOptimizer, "check_finite", _check_finite)
+    patching.patch(LossScaleOptimizer, "check_finite", _check_finite, checked=patching.KERAS3,
+                   reason='mixed_float16: a step is skipped on every rank or on none')
