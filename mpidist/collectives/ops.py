@@ -126,9 +126,8 @@ def finish_mean(buffer: Any, count: int, xp: Any = None) -> None:
         return
     dtype = buffer.dtype
     if dtype.kind == "c":  # each part on its own: complex division by (count + 0j) rounds both parts
-        real, imag = buffer.real, buffer.imag  # views into the buffer
-        real /= count
-        imag /= count
+        parts = buffer.view(np.dtype(f"f{dtype.itemsize // 2}"))  # (real, imag) pairs, in place
+        parts /= count
     elif dtype.kind == "f" or dtype.name == "bfloat16":
         buffer /= count
     elif dtype.kind == "u":
