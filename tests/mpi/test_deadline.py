@@ -16,7 +16,7 @@ import mpidist
 from mpidist.errors import CommunicatorBrokenError, DeadlineExceededError
 from late_rank import arrive_late, expiring
 
-pytestmark = pytest.mark.mpi(min_size=2)
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.two_nodes]
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "barrier"])

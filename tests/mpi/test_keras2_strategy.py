@@ -31,7 +31,7 @@ from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
 
 keras = tf.keras
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
 GLOBAL_BATCH = 16  # a multiple of every tested size (1, 2, 4)
 TOL = 1e-5
 

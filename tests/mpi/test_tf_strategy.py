@@ -22,7 +22,7 @@ from mpidist.tensorflow import XlaCollectiveError, _tf_private, make_strategy  #
 from late_rank import arrive_late, expiring  # noqa: E402
 from spying import SpyEngine  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.two_nodes]
 MODES = ["eager", "function"]
 
 
