@@ -1,9 +1,11 @@
-"""``python -m mpidist bench [summary|gpu] [options]`` (under mpirun/srun).
+"""``python -m mpidist bench [summary|paths|v1|gpu] [options]`` (under mpirun/srun).
 
 - ``summary`` (default): allreduce of 4 KB, 4 MB, 64 MB and a 100 × 4 KB nest, against raw mpi4py;
 - ``paths``: one allreduce of 1-64 MB through raw MPI (Allreduce, Iallreduce), the engine,
   ``strategy.reduce`` and the replica context, in one run; ``--before PATH`` adds another
   checkout's mpidist, interleaved (bench/paths.py);
+- ``v1``: a ``tf.compat.v1`` Session.run training step with Horovod's DistributedOptimizer against the
+  same step in one process (needs TensorFlow; bench/v1.py);
 - ``gpu``: allreduce of CuPy arrays, mpidist's GPU path against raw CuPy NCCL (needs CuPy and GPUs).
 
 The larger measurement tools (size sweeps, TensorFlow comparisons, the cost model) live in the
@@ -15,7 +17,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-_MODES = {"summary": "mpidist.bench.summary", "paths": "mpidist.bench.paths", "gpu": "mpidist.bench.gpu"}
+_MODES = {"summary": "mpidist.bench.summary", "paths": "mpidist.bench.paths", "gpu": "mpidist.bench.gpu",
+          "v1": "mpidist.bench.v1"}
 _MOVED = {"sweep": "tools.sweep", "tf": "tools.tf_bench", "tf-sweep": "tools.tf_sweep", "model": "tools.costmodel"}
 
 

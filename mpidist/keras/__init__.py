@@ -13,10 +13,13 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
 - ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write``, ``CheckpointManager.save``, whichever
   ranks save (every rank to one path or to paths of their own, or the chief alone).
+- ``xla``: ``jit_compile=True`` (and ``"auto"``): the train step compiled by XLA in two parts, the
+  gradients' all-reduce between them (``mpidist.tensorflow.xla``); acts under mpidist strategies of
+  any number of ranks.
 
 ``patching.installed()`` lists the patches in place. Keras 2 (tf_keras: ``tf.keras`` under
 ``TF_USE_LEGACY_KERAS=1``, or tf_keras imported by the program) gets ``predict``, ``shuffle``,
-``files`` (its saving functions) and, of ``callbacks``, CSVLogger and BackupAndRestore (accepted
+``files`` (its saving functions), ``xla`` and, of ``callbacks``, CSVLogger and BackupAndRestore (accepted
 under mpidist's strategies); its own multi-worker code already keeps ModelCheckpoint and
 TensorBoard writes to the chief (``extended.should_checkpoint``), and ``flavor`` tells which Keras
 a program uses.
@@ -59,6 +62,8 @@ def _install() -> None:
         callbacks.install_keras2()
         predict.install_keras2()
         shuffle.install_keras2()
+        from . import xla
+        xla.install_keras2()
     try:
         import keras
     except ImportError:  # TensorFlow without Keras: nothing more to patch
@@ -72,6 +77,8 @@ def _install() -> None:
         callbacks.install()
         predict.install()
         shuffle.install()
+        from . import xla
+        xla.install()
     _done = True
 
 

@@ -49,7 +49,10 @@ KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
         "_moments",  # overridden by hvd.SyncBatchNormalization
         "_reduction_axes"),
     "keras.src.optimizers.base_optimizer.BaseOptimizer": ("_trainable_variables",),  # DistributedOptimizer
-    "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": ("_distribute_strategy",),  # a model's strategy
+    "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": (
+        "_distribute_strategy",  # a model's strategy
+        "_make_function"),  # patched: jit_compile=True compiles the step in two parts (xla.py)
+    "keras.src.trainers.trainer.Trainer": ("_resolve_auto_jit_compile",),  # patched: "auto" as without a strategy
     "tf_keras.src.engine.training.Model": ("_distribution_strategy",),  # a tf_keras model's strategy
     "tf_keras.src.callbacks.BackupAndRestore": ("_supported_strategies",),  # mpidist's added: it refuses others
     "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2": ("_compute_gradients",),  # overridden: allreduces

@@ -22,7 +22,7 @@ Required:
 - ``values_util.is_saving_non_distributed`` and ``distribute_lib.get_update_replica_id``: the
   two context checks ``SyncOnReadVariable.assign`` itself makes.
 - ``control_flow_util.GraphOrParentsInXlaContext``: whether code is being traced for XLA, where
-  a ``tf.numpy_function`` cannot run.
+  a ``tf.numpy_function`` cannot run (and which function: the outermost graph in that context).
 - ``trackable.base.CheckpointInitialValue`` / ``CheckpointInitialValueCallable``: initial
   values that come from a checkpoint being restored (equal on every rank, not broadcast).
 - ``framework.composite_tensor.CompositeTensor``: the base that lets a distributed iterator be
@@ -46,6 +46,9 @@ Optional:
 - ``ops.control_flow_util.IsInCond`` / ``IsInWhileLoop``: whether a v1 graph op sits inside
   control flow v1, where Horovod's v1 collectives are refused (their run-time order needs ops that
   run once per step). Without them nothing is refused.
+- ``ops.control_flow_util.InXlaContext``: whether a graph itself (not its parents) is in the XLA
+  context, which tells the function being compiled by XLA, named in errors. Without it the
+  innermost function is named.
 """
 from __future__ import annotations
 
@@ -96,6 +99,7 @@ OPTIONAL = (
     (_TF + "ops.gen_script_ops", "py_func"),
     (_TF + "ops.control_flow_util", "IsInCond"),
     (_TF + "ops.control_flow_util", "IsInWhileLoop"),
+    (_TF + "ops.control_flow_util", "InXlaContext"),
 )
 
 (UpdateContext, _get_update_replica_id, SyncOnReadVariable, MirroredVariable, _is_saving_non_distributed, _graph_in_xla,
@@ -106,7 +110,7 @@ for _cls, _method in REQUIRED_METHODS:
         raise ImportError(f"mpidist.tensorflow: this TensorFlow ({tf.__version__}) has no {_cls.__name__}.{_method}, "
                           f"a private method mpidist needs (tested with {TESTED_WITH}); install a tested "
                           f"TensorFlow version")
-_could_possibly_record, _py_funcs, _py_func_op, _is_in_cond, _is_in_while_loop = \
+_could_possibly_record, _py_funcs, _py_func_op, _is_in_cond, _is_in_while_loop, _in_xla = \
     [_optional(m, n) for m, n in OPTIONAL]
 
 # The private attributes and methods of TensorFlow classes that mpidist reads, calls or overrides,
@@ -134,6 +138,7 @@ TF_PRIVATE: dict[str, tuple[str, ...]] = {
     _TF + "checkpoint.checkpoint_management.CheckpointManager": ("_latest_checkpoint", "_maybe_delete"),
     _TF + "ops.resource_variable_ops.BaseResourceVariable": ("_as_graph_element",),  # what a v1 Session fetches
     _TF + "client.session.BaseSession": ("_make_callable_from_options",),  # how tf_keras runs v1 graphs
+    _TF + "eager.polymorphic_function.polymorphic_function.Function": ("_autograph",),  # xla.split: as tf.function
 }
 
 
@@ -196,6 +201,30 @@ def in_xla_context() -> bool:
     if tf.executing_eagerly():
         return False
     return bool(_graph_in_xla(tf.compat.v1.get_default_graph()))
+
+
+def xla_function_name() -> str:
+    """The name of the function being compiled by XLA whose trace is in progress, or "?".
+
+    Calling a ``tf.function(jit_compile=True)`` enters the XLA context on the CALLER's graph, so
+    that function is the graph (from the current one outwards) whose outer graph is itself in the
+    XLA context; without ``InXlaContext``, the innermost function graph."""
+    graph = tf.compat.v1.get_default_graph()
+    innermost = graph
+    while True:
+        outer = getattr(graph, "outer_graph", None)
+        if outer is None:
+            break
+        if _in_xla is not None and _in_xla(outer):
+            return str(getattr(graph, "name", "?"))
+        graph = outer
+    return str(getattr(innermost, "name", "?"))
+
+
+def function_autograph(function: Any) -> bool:
+    """Whether a ``tf.function`` converts its Python function with AutoGraph (``Function._autograph``;
+    True, tf.function's default, where it has no such attribute)."""
+    return bool(getattr(function, "_autograph", True))
 
 
 def in_v1_control_flow(op: Any) -> bool:

@@ -22,8 +22,10 @@ packs them by ``bytes_per_pack``), in the order the program issues them:
   reshaped, since NumPy may turn a 0-d array into a 1-d one).
 
 XLA cannot compile a ``numpy_function``: tracing a collective for XLA raises
-:class:`XlaCollectiveError` at once, naming ``jit_compile``, instead of TensorFlow's later
-"No registered 'PyFunc' OpKernel for XLA_CPU_JIT".
+:class:`XlaCollectiveError` at once, naming the function being compiled and what to do, instead
+of TensorFlow's later "No registered 'PyFunc' OpKernel for XLA_CPU_JIT". A training step compiled
+with ``jit_compile=True`` under an mpidist strategy is split around its gradients' all-reduce
+instead (xla.py, xla_record.py).
 
 bfloat16 tensors travel as float32 (MPI has no such type) and are cast back.
 
@@ -42,29 +44,16 @@ import tensorflow as tf
 from ..collectives.gpu.cupy_arrays import is_device_array
 from ..collectives.options import CallOptions  # the engine's one per-call options type
 from ..errors import CollectiveMismatchError
-from . import _tf_private, deadline_op, gpu_bridge
-
-
-class XlaCollectiveError(tf.errors.UnimplementedError):
-    """A collective was traced for XLA (``jit_compile=True``), which cannot run it.
-
-    A ``tf.errors.UnimplementedError`` (so AutoGraph re-raises it with its type kept)."""
-
-    def __init__(self, node_def: Any, op: Any, message: str, *args: Any) -> None:
-        super().__init__(node_def, op, message, *args)
-
+from . import _tf_private, deadline_op, gpu_bridge, xla_record
+from .xla_record import XlaCollectiveError
 
 DEFAULT = CallOptions()
 
 
 def check_not_xla(where: str) -> None:
+    """Raise :class:`XlaCollectiveError` (why, naming the function, and what to do) while tracing for XLA."""
     if _tf_private.in_xla_context():
-        raise XlaCollectiveError(None, None,
-            f"{where}: mpidist collectives cannot be compiled by XLA: the code is being traced with "
-            f"jit_compile=True (tf.function(jit_compile=True), or a Keras model compiled with "
-            f"jit_compile=True). mpidist runs collectives through MPI from a tf.numpy_function, which "
-            f"XLA cannot compile; use jit_compile=False (Keras: model.compile(..., jit_compile=False), "
-            f"the default under a distribution strategy)")
+        raise XlaCollectiveError(None, None, xla_record.xla_message(where))
 
 
 def in_v1_control_flow(op: Any) -> bool:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from ..cross_device import local_value
 from ..cross_device.options import CommunicationOptions
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, cross_device, reductions, variables
+from . import _tf_private, collectives, cross_device, reductions, variables, xla, xla_record
 from . import input as input_lib
 from .replica_context import MPIReplicaContext
 
@@ -135,6 +135,8 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
             if all(f is not None for f in found):
                 return tf.nest.pack_sequence_as(value, found)
         leaves = [tf.convert_to_tensor(self.local_value(v)) for v in flat]
+        if axis is None and xla_record.reading_locally():  # a placeholder traced by xla.defer_output
+            return tf.nest.pack_sequence_as(value, leaves)
         call = self.call_options(options, where)
         reduced = reductions.reduce_tensors(self._reduce_engine, op, leaves, axis, call, where)
         return tf.nest.pack_sequence_as(value, reduced)
@@ -175,6 +177,7 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
     # -- replicas ---------------------------------------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        fn = xla.maybe_split(fn)  # a tf.function(jit_compile=True): compiled in two parts (xla.py)
         with self.device_scope(), MPIReplicaContext(self.container_strategy(), self.rank):
             return fn(*args, **kwargs)
 
@@ -247,7 +250,11 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         where = f"{type(self).__name__}.reduce_to"
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
-        return self.reduce_nest(reductions.parse_op(reduce_op, where), value, None, options, where)
+        op = reductions.parse_op(reduce_op, where)
+        reduced = xla_record.pre_reduced(op, [self.local_value(v) for v in tf.nest.flatten(value)], where)
+        if reduced is not None:  # in the compiled update of a split step (xla.py)
+            return tf.nest.pack_sequence_as(value, reduced)
+        return self.reduce_nest(op, value, None, options, where)
 
     @_no_autograph
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any, options: Any = None,
@@ -257,7 +264,11 @@ class MPIExtended(tf.compat.v1.distribute.StrategyExtended):
         options = reductions.hints_and_options(options, experimental_hints, where)
         self._require_cross_replica(where)
         values = [v for v, _ in value_destination_pairs]
-        return list(self.reduce_nest(reductions.parse_op(reduce_op, where), values, None, options, where))
+        op = reductions.parse_op(reduce_op, where)
+        reduced = xla_record.pre_reduced(op, [self.local_value(v) for v in values], where)
+        if reduced is not None:  # in the compiled update of a split step (xla.py)
+            return reduced
+        return list(self.reduce_nest(op, values, None, options, where))
 
     _reduce_to = reduce_to
     _batch_reduce_to = batch_reduce_to

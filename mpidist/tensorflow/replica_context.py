@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from ..cross_device.reduce_op import ReduceOp
-from . import _tf_private, collectives, reductions
+from . import _tf_private, collectives, reductions, xla_record
 
 _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 
@@ -45,6 +45,9 @@ class MPIReplicaContext(tf.distribute.ReplicaContext):
         flat = tf.nest.flatten(value)
         if not flat:
             return value
+        reduced = xla_record.pre_reduced(op, flat, where)  # in the compiled update of a split step (xla.py)
+        if reduced is not None:
+            return tf.nest.pack_sequence_as(value, reduced)
         sparse = [i for i, v in enumerate(flat) if isinstance(v, tf.IndexedSlices)]
         if sparse and op in (ReduceOp.SUM, ReduceOp.MEAN):
             return tf.nest.pack_sequence_as(value, self._all_reduce_sparse(op, flat, sparse, call, where))

@@ -57,7 +57,15 @@ def _broadcast_initial_value(extended: Any, kwargs: dict[str, Any]) -> Any:
     trainable = kwargs.get("trainable")
     trainable = True if trainable is None else bool(trainable)
     if callable(initial_value):
-        return lambda: _broadcast(extended, initial_value(), dtype, trainable, name)
+        def initial() -> Any:
+            if not _tf_private.in_xla_context():
+                return _broadcast(extended, initial_value(), dtype, trainable, name)
+            # created while XLA traces a function (an optimizer built in the first update that
+            # jit_compile=True compiles, xla.py), which cannot hold the broadcast: it runs now,
+            # eagerly; every rank traces the same step, so they create variables in the same order
+            with tf.init_scope():
+                return _broadcast(extended, initial_value(), dtype, trainable, name)
+        return initial
     return _broadcast(extended, initial_value, dtype, trainable, name)
 
 

@@ -20,7 +20,7 @@ keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow import XlaCollectiveError, checkpoint  # noqa: E402
+from mpidist.tensorflow import checkpoint  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.keras)
 
 pytestmark = pytest.mark.mpi
@@ -165,15 +165,6 @@ def test_custom_training_loop_tutorial(eng, comm):
     assert_close(parts[0].get_weights(), ref_weights)
     np.testing.assert_allclose(losses, ref_losses, rtol=TOL)
     np.testing.assert_allclose(accuracies, ref_accuracies, rtol=TOL)
-
-
-def test_keras_jit_compile_is_a_clear_error(eng):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    with pytest.raises(XlaCollectiveError, match="jit_compile=True.*XLA"):
-        model.fit(np.ones((16, 4)), np.ones((16, 2)), batch_size=GLOBAL_BATCH, verbose=0)
 
 
 def test_checkpoint_saved_by_chief_restored_everywhere(eng, comm):

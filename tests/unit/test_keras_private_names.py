@@ -63,6 +63,10 @@ def _mirrored_variable(tmp_path):
         return tf.Variable(1.0)
 
 
+def _tf_function(tmp_path):
+    return tf.function(lambda x: x, jit_compile=True)
+
+
 def _checkpoint_manager(tmp_path):
     return tf.train.CheckpointManager(tf.train.Checkpoint(), str(tmp_path / "ckpt"), max_to_keep=1)
 
@@ -78,6 +82,7 @@ SAMPLES = {  # class (a table's key) -> an instance of it, for the names set on 
     _TF + "distribute.values.DistributedValues": _mirrored_variable,
     _TF + "distribute.values.DistributedVariable": _mirrored_variable,
     _TF + "checkpoint.checkpoint_management.CheckpointManager": _checkpoint_manager,
+    _TF + "eager.polymorphic_function.polymorphic_function.Function": _tf_function,
 }
 
 

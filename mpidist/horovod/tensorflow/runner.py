@@ -155,7 +155,10 @@ def _checked(outs: list[tf.Tensor], reraise: Callable[[np.ndarray], np.int32] | 
         first = [] if reraise is None else [tf.numpy_function(reraise, [status], tf.int32, stateful=True)]
         with tf.control_dependencies(first):
             return _raise_failed_precondition(message)
-    check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), failed)
+    if reraise is None:  # a tf.function
+        check = tf.cond(tf.equal(status, 0), lambda: tf.constant(0), failed)
+    else:  # a v1 graph: Switch/Merge, not a functional cond (sessions.select)
+        check = sessions.select(tf.equal(status, 0), [status], lambda: [failed()])[0]
     with tf.control_dependencies([check]):
         return [tf.identity(o) for o in outs[:-2]]
 
