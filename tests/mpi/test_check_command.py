@@ -54,6 +54,7 @@ def nodes_text(engine) -> str:
     return f"{topo.num_nodes} node(s) of {sizes} rank(s){faked}"
 
 
+@pytest.mark.node_layout  # the launcher line shows the nodes
 @pytest.mark.parametrize("tf_config", ["none", "wrong"])
 def test_check_passes_here_and_says_why_gpu_checks_are_skipped(comm, eng, capsys, monkeypatch, tf_config):
     size = comm.Get_size()

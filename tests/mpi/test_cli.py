@@ -50,6 +50,7 @@ def launcher_name() -> str:
     return "mpirun (Open MPI)" if MPI.get_vendor()[0] == "Open MPI" else "mpiexec (MPICH/Hydra)"
 
 
+@pytest.mark.node_layout  # the table shows the nodes
 def test_info_prints_one_table_from_the_chief(comm, capsys):
     codes, output = cli(comm, capsys, "info")
     size = comm.Get_size()

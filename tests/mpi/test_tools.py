@@ -5,6 +5,8 @@ tools.X`` calls it. They are not installed with the package: the repository root
 MultiWorkerMirroredStrategy and its gRPC server in the process, still does.)"""
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import pathlib
@@ -21,9 +23,16 @@ TINY = ["--inputs", "16", "--width", "64", "--depth", "3", "--batch", "8"]
 
 def tool(comm, capsys, name: str, *argv: str) -> str:
     """Every rank runs ``python -m tools.NAME ARGV``'s main; the chief's output (it alone prints)."""
-    import importlib
     main = importlib.import_module(f"tools.{name}").main
-    code = main(list(argv))
+    if inspect.signature(main).parameters:
+        code = main(list(argv))
+    else:  # a main that reads sys.argv itself
+        saved = sys.argv
+        sys.argv = [f"tools/{name}.py", *argv]
+        try:
+            code = main()
+        finally:
+            sys.argv = saved
     codes, printed = comm.allgather(code), comm.allgather(capsys.readouterr().out)
     assert codes in ([0] * comm.Get_size(), [None] * comm.Get_size()), (codes, printed[0])
     assert not any(printed[1:]), printed  # the chief alone prints
@@ -68,12 +77,9 @@ def test_tf_bench_token_smoke(comm, capsys):
     assert len(rows) == 6 and all(ms > 0 for ms in rows.values())
 
 
-def test_lockstep_bench_smoke(comm, capsys, monkeypatch):
+def test_lockstep_bench_smoke(comm, capsys):
     """The preemption agreement's cost per step (NumPy cases): every case timed, nothing asserted on times."""
-    monkeypatch.setattr(sys, "argv", ["tools.lockstep_bench", "--seconds", "0.3"])  # its main reads sys.argv
-    import tools.lockstep_bench
-    monkeypatch.setattr(tools.lockstep_bench, "main", lambda argv, main=tools.lockstep_bench.main: main())
-    output = tool(comm, capsys, "lockstep_bench")
+    output = tool(comm, capsys, "lockstep_bench", "--seconds", "0.3")
     lines = [line for line in output.splitlines() if "us/step" in line]
     assert [line.split("  ")[0] for line in lines] == ["step alone", "lockstep (persistent)", "lockstep (Iallreduce)",
                                                        "blocking Allreduce"], output
@@ -128,3 +134,20 @@ def test_horovod_bench_reports_every_case(comm, capsys):
     steps = next(v for k, v in found.items() if k.startswith("Keras step"))
     assert len(steps) == 3 and all(v > 0 for v in steps.values())
     assert "Traceback" not in json.dumps(found)
+
+
+def test_xla_bench_reports_every_case(comm, capsys, shared_dir):
+    """``python -m tools.xla_bench`` reports every case (plain Keras ones on one rank; no timing asserted)."""
+    pytest.importorskip("tensorflow")
+    out = os.path.join(shared_dir, "xla.json")
+    output = tool(comm, capsys, "xla_bench", "--models", "mlp", "--steps", "3", "--rounds", "1", "--json", out)
+    comm.Barrier()
+    with open(out, encoding="utf-8") as f:
+        found = json.load(f)
+    assert found["ranks"] == comm.Get_size()
+    cases = found["results"]["mlp"]
+    expected = {"mpidist, jit_compile=False", "mpidist, jit_compile=True"}
+    if comm.Get_size() == 1:
+        expected |= {"plain Keras, jit_compile=False", "plain Keras, jit_compile=True"}
+    assert set(cases) == expected and all(ms > 0 for ms in cases.values())
+    assert "| mlp (256) | mpidist, jit_compile=True |" in output
