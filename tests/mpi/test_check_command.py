@@ -150,6 +150,8 @@ def test_on_the_host_fake_of_cupy_every_gpu_path_is_checked(comm, eng, capsys, m
     assert lines(output, "SKIPPED")["TensorFlow GPU bridge"] == "--skip tensorflow", output
 
 
+@pytest.mark.job_sizes(1, reason="the TensorFlow check's own code; reductions of tensors across ranks are "
+                                  "tested in test_tf_*.py")
 def test_the_tensorflow_check_reduces_a_tensor(comm, capsys, monkeypatch):
     # without a GPU, on a CPU tensor: the TensorFlow check's own code (strategy, reduce, timing)
     pytest.importorskip("tensorflow")
