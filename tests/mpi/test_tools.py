@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+import mpidist
+from mpidist.collectives import timeline
+
 pytestmark = pytest.mark.mpi
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -25,17 +28,25 @@ TINY = ["--inputs", "16", "--width", "64", "--depth", "3", "--batch", "8"]
 
 
 def tool(comm, capsys, name: str, *argv: str) -> str:
-    """Every rank runs ``python -m tools.NAME ARGV``'s main; the chief's output (it alone prints)."""
+    """Every rank runs ``python -m tools.NAME ARGV``'s main; the chief's output (it alone prints).
+    What a tool sets for its process (mpidist.rc: tools.overlap_timeline turns the timeline on;
+    environment variables) ends with it, as at a process's exit."""
     main = importlib.import_module(f"tools.{name}").main
-    if inspect.signature(main).parameters:
-        code = main(list(argv))
-    else:  # a main that reads sys.argv itself
-        saved = sys.argv
-        sys.argv = [f"tools/{name}.py", *argv]
-        try:
-            code = main()
-        finally:
-            sys.argv = saved
+    environ = dict(os.environ)
+    with mpidist.rc.override():
+        if inspect.signature(main).parameters:
+            code = main(list(argv))
+        else:  # a main that reads sys.argv itself
+            saved = sys.argv
+            sys.argv = [f"tools/{name}.py", *argv]
+            try:
+                code = main()
+            finally:
+                sys.argv = saved
+    assert timeline.recorder() is None  # rc read again: a timeline the tool opened is closed
+    for key in set(os.environ) - set(environ):
+        del os.environ[key]
+    os.environ.update(environ)
     codes, printed = comm.allgather(code), comm.allgather(capsys.readouterr().out)
     assert codes in ([0] * comm.Get_size(), [None] * comm.Get_size()), (codes, printed[0])
     assert not any(printed[1:]), printed  # the chief alone prints
