@@ -114,12 +114,14 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "cuda_aware_mpi": ("auto", _tristate,
                        "whether MPI may read GPU memory: auto (ask the library where it can tell), yes, no"),
     "stall_seconds": (60.0, _optional_seconds,
-                      "log which ranks have not arrived when a collective has waited this long; None or 0 = never"),
+                      "log which ranks have not arrived when a collective has waited this long (and where the chief "
+                      "is when a rank has waited this long for its save); None or 0 = never"),
     "stall_abort_seconds": (None, _optional_seconds,
-                            "abort the job when a collective has waited this long; None or 0 = never"),
+                            "abort the job when a collective, or a rank waiting for the chief's save, has waited "
+                            "this long; None or 0 = never"),
     "timeout_seconds": (None, _optional_seconds,
-                        "default deadline of every collective; None or 0 = wait forever (a call's own "
-                        "timeout_seconds=0 also means no deadline, over this default)"),
+                        "default deadline of every collective, and of a rank's wait for the chief's save; None or "
+                        "0 = wait forever (a call's own timeout_seconds=0 also means no deadline, over this default)"),
     "compression": ("none", _compression,
                     "float32 SUM/MEAN allreduce data travels as float16 or bfloat16 (summed in float32 "
                     "after decompression; other dtypes and ops travel unchanged): none, float16, bfloat16"),

@@ -66,21 +66,24 @@ def save(state: Any, path: str, strategy: Any) -> None:
     key = os.path.abspath(path)
     if engine.size == 1:
         return _write(state, path)
-    saving = notices.begin(engine, "mpidist.checkpoint.save")
-    if engine.rank == 0:
-        try:
-            _write(state, path)
-        except OSError as error:
-            notices.publish(engine, saving, key, error=error)
-            raise
-        notices.publish(engine, saving, key)
+    saving = notices.begin(engine, "mpidist.checkpoint.save", key)
+    try:
+        if engine.rank == 0:
+            try:
+                _write(state, path)
+            except OSError as error:
+                notices.publish(engine, saving, key, error=error)
+                raise
+            notices.publish(engine, saving, key)
+            return None
+        notice = notices.follow(engine, saving, key)
+        if notice is None or notice.path != key:
+            return _write(state, path)
+        if notice.error is not None:
+            raise OSError(f"checkpoint.save: rank 0 (the chief) failed to write {path!r}: {notice.error}")
         return None
-    notice = notices.follow(engine, saving, key)
-    if notice is None or notice.path != key:
-        return _write(state, path)
-    if notice.error is not None:
-        raise OSError(f"checkpoint.save: rank 0 (the chief) failed to write {path!r}: {notice.error}")
-    return None
+    finally:
+        notices.finish(engine, saving)
 
 
 def restore(path: str, like: Any, strategy: Any) -> Any:

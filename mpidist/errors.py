@@ -105,6 +105,12 @@ class CollectiveFailedError(MpidistError, RuntimeError):
     failures: list = []
 
 
+class DeadlockError(MpidistError, RuntimeError):
+    """A rank waits for another outside a collective (a save that follows the chief's) while the other
+    is inside a collective the waiting rank cannot join: raised on the waiting rank, naming where the
+    other rank is, and (through that collective) on the other rank as ``CollectiveFailedError``."""
+
+
 class GpuUnavailableError(MpidistError, RuntimeError):
     """GPU buffers or NCCL were asked for where CuPy, NCCL or a GPU is missing (raised on every rank)."""
 

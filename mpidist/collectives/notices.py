@@ -26,6 +26,26 @@ chief's m-th of that kind: do not mix chief-only and every-rank saves of one kin
 
 Notices travel point-to-point on the engine's private communicator (its clone of the user's), with a
 tag of their own; collectives never match point-to-point messages.
+
+**A follower's wait has limits, and ends in an error on every rank, never a silent hang.** While it
+waits, a follower asks the chief where it is (the stall monitor's channel, collectives/stall.py:
+every ``_ASK_EVERY`` seconds from then on, never blocking), and:
+
+- the chief found twice in a row inside the same collective of this communicator that began after
+  this save did (one the follower cannot join while it waits: a collective inside the chief's save,
+  or the chief gone on without making this save) is a certain deadlock: the follower raises
+  :class:`mpidist.errors.DeadlockError` naming the chief's collective and its code (innermost frames
+  outside mpidist and in the program's own code), after taking part in that collective's agreement
+  exchange as a failed call (``Engine.fail``), so that the chief's collective raises
+  ``CollectiveFailedError`` with the follower's message and the ranks stay in step (with
+  ``rc.check_agreement`` off the chief stays in its collective: ``rc.abort_on_error`` then ends the
+  job). Found within seconds, whatever the settings;
+- after ``rc.stall_seconds`` (60 s when None) a warning says who waits for whom and where the chief is;
+- after ``rc.timeout_seconds`` (when set) the follower raises
+  :class:`mpidist.errors.DeadlineExceededError` saying the same (given up to ``_LAST_ANSWER``
+  seconds more to learn where the chief is, if it has not said yet), and tells the chief, whose save
+  raises it too when it ends; after ``rc.stall_abort_seconds`` (when set) the job is aborted, as for
+  a collective.
 """
 from __future__ import annotations
 
@@ -39,11 +59,14 @@ from mpi4py import MPI
 
 from .. import errors
 from .._config import rc
-from . import progress
+from . import progress, stall
 
 _log = logging.getLogger("mpidist")
 TAG = 0x6D70  # "mp"
+_GAVE_UP = TAG + 1  # a follower to the chief: it stopped waiting for a save (rc.timeout_seconds)
+_ASK_EVERY = 0.5  # seconds between a follower's questions to the chief (the first after as long)
 _WARN_AFTER = 60.0
+_LAST_ANSWER = 2.0  # seconds a follower past its deadline waits for the chief to say where it is
 _MAX_TEXT = 1000
 
 
@@ -64,6 +87,7 @@ class Save:
     kind: str
     position: int
     number: int
+    previous: str = ""  # the stall monitor's activity before this save (finish puts it back)
 
 
 class _Board:
@@ -93,8 +117,9 @@ def position(engine: Any) -> int:
     return 0 if monitor is None else int(monitor.seq)
 
 
-def begin(engine: Any, kind: str) -> Save:
-    """Start a save of ``kind`` on this rank (every rank that saves, the chief too)."""
+def begin(engine: Any, kind: str, path: str = "") -> Save:
+    """Start a save of ``kind`` to ``path`` on this rank (every rank that saves, the chief too); end it
+    with :func:`finish`."""
     progress.wait_idle(engine.pipeline)  # asynchronous collectives queued run first: the position is settled
     board = _board(engine)
     where = position(engine)
@@ -102,7 +127,18 @@ def begin(engine: Any, kind: str) -> Save:
     number = board.counts.get((kind, where), 0) + 1
     board.counts = {k: v for k, v in board.counts.items() if k[1] >= where}
     board.counts[(kind, where)] = number
-    return Save(kind, where, number)
+    save = Save(kind, where, number)
+    monitor = engine.pipeline.monitor
+    if monitor is not None:  # what a rank asking where this one is learns (stall.describe)
+        save.previous, monitor.activity = monitor.activity, f"{kind} of {path}" if path else kind
+    return save
+
+
+def finish(engine: Any, save: Save) -> None:
+    """End ``save`` on this rank (however it ended)."""
+    monitor = engine.pipeline.monitor
+    if monitor is not None:
+        monitor.activity = save.previous
 
 
 def publish(engine: Any, save: Save, path: str, result: str = "", error: BaseException | None = None,
@@ -115,6 +151,16 @@ def publish(engine: Any, save: Save, path: str, result: str = "", error: BaseExc
     board.sends = [r for r in board.sends if not r.Test()]
     for rank in range(1, comm.Get_size()):
         board.sends.append(comm.isend(notice, dest=rank, tag=TAG))
+    gave_up = []  # followers that stopped waiting for this save (their rc.timeout_seconds)
+    while comm.iprobe(source=MPI.ANY_SOURCE, tag=_GAVE_UP):
+        kind, where, number, rank, text = comm.recv(source=MPI.ANY_SOURCE, tag=_GAVE_UP)
+        if (kind, where, number) == (save.kind, save.position, save.number):
+            gave_up.append((rank, text))
+    if gave_up and error is None:
+        rank, text = min(gave_up)
+        raise errors.deadline_exceeded(
+            f"mpidist: {save.kind} of {path}: rank 0 (the chief) wrote it, but rank(s) "
+            f"{', '.join(str(r) for r, _ in sorted(gave_up))} had stopped waiting for it; rank {rank}: {text}")
 
 
 def _drain(comm: MPI.Intracomm, board: _Board) -> None:
@@ -138,37 +184,89 @@ def _match(board: _Board, save: Save) -> tuple[bool, Notice | None]:
 
 def follow(engine: Any, save: Save, path: str) -> Notice | None:
     """On a rank other than the chief: wait for the chief's notice of ``save``; None when the chief
-    made no such save here (then the path is this rank's own).
-
-    The wait has a collective's limits: a warning after ``rc.stall_seconds``, the job aborted after
-    ``rc.stall_abort_seconds``, :class:`mpidist.errors.DeadlineExceededError` after
-    ``rc.timeout_seconds`` (a chief stuck in a collective that this rank never joins, or a save
-    made by ranks other than the chief alone, would otherwise wait forever)."""
+    made no such save here (then the path is this rank's own). The wait's limits: see the module
+    docstring."""
     board = _board(engine)
     comm = engine.topology.comm
-    start, nap, warned = time.monotonic(), 1e-4, False
+    monitor = engine.pipeline.monitor
+    start, nap, warned, asked = time.monotonic(), 1e-4, False, -_ASK_EVERY
     warn_after = _WARN_AFTER if rc.stall_seconds is None else rc.stall_seconds
+    chief: dict[str, Any] | None = None  # the chief's last answer: where it is
+    blocked = 0  # answers in a row finding the chief in the same collective this rank cannot join
+    outstanding = False  # a question not answered yet
     while True:
         _drain(comm, board)
         decided, notice = _match(board, save)
         if decided:
             return notice
-        waited = time.monotonic() - start
+        now = time.monotonic()
+        waited = now - start
+        if monitor is not None and waited >= _ASK_EVERY:
+            answer = monitor.answer(0)
+            if answer is not None:
+                same = chief is not None and chief["inside"] and answer["seq"] == chief["seq"]
+                chief, outstanding = answer, False
+                blocked = (blocked + 1 if same else 1) if _blocked(answer, save) else 0
+                if blocked >= 2:
+                    _drain(comm, board)  # a notice sent before the chief went on decides it
+                    decided, notice = _match(board, save)
+                    if decided:
+                        return notice
+                    _deadlock(engine, save, path, waited, answer)
+            if now - asked >= (10 * _ASK_EVERY if outstanding else _ASK_EVERY):
+                monitor.ask(0)
+                asked, outstanding = now, True
         if not warned and waited > warn_after:
             warned = True
-            _log.warning("mpidist: rank %d has waited %.0f s for the chief's %s of %s: %s", comm.Get_rank(),
-                         waited, save.kind, path, _RULE)
+            _log.warning("mpidist: %s", _waiting(comm.Get_rank(), save, path, waited, chief))
         if rc.stall_abort_seconds is not None and waited >= rc.stall_abort_seconds:
-            _log.error("mpidist: rank %d has waited %.0f s for the chief's %s of %s (rc.stall_abort_seconds): "
-                       "aborting the job; %s", comm.Get_rank(), waited, save.kind, path, _RULE)
+            _log.error("mpidist: %s (rc.stall_abort_seconds): aborting the job",
+                       _waiting(comm.Get_rank(), save, path, waited, chief))
             MPI.COMM_WORLD.Abort(1)
         if rc.timeout_seconds and waited >= rc.timeout_seconds:
-            raise errors.deadline_exceeded(
-                f"mpidist: rank {comm.Get_rank()} waited {waited:.0f} s (rc.timeout_seconds) for the chief's "
-                f"{save.kind} of {path}, which did not come: {_RULE}")
+            if chief is None and monitor is not None:  # not answered yet: a busy machine; let it say where
+                chief = _answer_within(monitor, _LAST_ANSWER)
+            text = _waiting(comm.Get_rank(), save, path, waited, chief)
+            board.sends.append(comm.isend((save.kind, save.position, save.number, comm.Get_rank(), text),
+                                          dest=0, tag=_GAVE_UP))
+            raise errors.deadline_exceeded(f"mpidist: {text} (rc.timeout_seconds={rc.timeout_seconds:g})")
         time.sleep(nap)
         nap = min(nap * 2, 0.01)
 
 
-_RULE = ("a save on a rank other than the chief follows the chief's save at the same point of the program "
+def _answer_within(monitor: Any, seconds: float) -> dict[str, Any] | None:
+    """The chief's answer to a new question, if it comes within ``seconds``."""
+    monitor.ask(0)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        answer = monitor.answer(0)
+        if answer is not None:
+            return answer
+        time.sleep(0.01)
+    return None
+
+
+def _blocked(chief: dict[str, Any], save: Save) -> bool:
+    """Whether the chief is inside a collective of this communicator that began after ``save`` did."""
+    return bool(chief["inside"]) and chief["seq"] > save.position
+
+
+def _waiting(rank: int, save: Save, path: str, waited: float, chief: dict[str, Any] | None) -> str:
+    where = "rank 0 has not said where it is" if chief is None else stall.describe(0, chief)
+    return (f"rank {rank} has waited {waited:.0f} s for rank 0 (the chief) to finish its {save.kind} of {path}; "
+            f"{where}. {_RULE}")
+
+
+def _deadlock(engine: Any, save: Save, path: str, waited: float, chief: dict[str, Any]) -> None:
+    """Raise DeadlockError here and, through the chief's collective, on the chief (module docstring)."""
+    rank = engine.rank
+    why = ("nothing inside a save may make a collective (the other ranks wait for the save to end)"
+           if chief.get("activity") else f"rank 0 went on without making this save. {_RULE}")
+    error = errors.DeadlockError(
+        f"mpidist: {save.kind} of {path}: rank {rank} waited {waited:.1f} s for rank 0 (the chief) to finish "
+        f"this save, but {stall.describe(0, chief)}: a collective rank {rank} cannot join while it waits; {why}")
+    engine.fail(f"{save.kind} (rank {rank} waiting for rank 0)", error)
+
+
+_RULE = ("A save on a rank other than the chief follows the chief's save at the same point of the program "
          "(every rank saves, or the chief alone; not the other ranks alone)")

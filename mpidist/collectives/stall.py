@@ -7,6 +7,11 @@ second to (a) answer peers' questions ("where are you?") on a private clone of t
 with the collective this rank is in or last finished and the line of user code its main thread is
 running, and (b) watch this rank's own collectives: past the threshold it asks every peer and logs
 one report. Needs MPI_THREAD_MULTIPLE (what mpi4py asks for by default); without it, reports are off.
+
+A rank that waits for another outside a collective (a save following the chief's,
+collectives/notices.py) asks it the same question itself (:meth:`Monitor.ask`, then
+:meth:`Monitor.answer`, never blocking): the answer also says what the peer is doing outside
+collectives (``activity``: the save it is in) and its innermost frame in the program's own code.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import atexit
 import logging
 import os
 import sys
+import sysconfig
 import threading
 import time
 import weakref
@@ -24,9 +30,11 @@ from mpi4py import MPI
 from .._config import rc
 
 _log = logging.getLogger("mpidist")
-_QUERY, _REPLY = 1, 2
+_QUERY, _REPLY, _ANSWER = 1, 2, 3  # _ANSWER: replies to ask() (a tag of their own: never a report's)
 _TICK = 0.25
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARIES = tuple(os.path.abspath(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib",
+                                                                                   "purelib", "platlib")})
 
 
 def call_site(thread_id: int | None) -> str:
@@ -39,6 +47,33 @@ def call_site(thread_id: int | None) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
+def user_site(thread_id: int | None) -> str | None:
+    """``file:line (function)`` of the innermost frame of a thread in the program's own code (not in
+    mpidist, the standard library or installed packages), or None."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not (name.startswith(_PACKAGE) or name.startswith(_LIBRARIES) or name.startswith("<")
+                or "site-packages" in name or "dist-packages" in name):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return None
+
+
+def describe(rank: int, state: dict[str, Any]) -> str:
+    """Where rank ``rank`` is, from its :meth:`Monitor.ask` answer (or a report's reply)."""
+    if state["inside"]:
+        text = f"rank {rank} is inside {state['name']} #{state['seq']}, called at {state['site']}"
+    else:
+        text = f"rank {rank} is at {state['site']} (its last collective: {state['name']} #{state['seq']})"
+    user = state.get("user")
+    if user and user != state["site"]:
+        text += f", in the program's code at {user}"
+    if state.get("activity"):
+        text += f", during its {state['activity']}"
+    return text
+
+
 class Monitor:
     """Which collective this rank is in; see the module docstring."""
 
@@ -49,8 +84,13 @@ class Monitor:
         self.current: tuple[int, str, float, int] | None = None   # seq, name, start, thread id
         self.last = (0, "none")
         self.reported = 0
+        self.activity = ""  # what this rank does outside collectives that others may wait for (a save)
         self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
         self._sends: list[MPI.Request] = []
+        self._asked = 0  # the number of this rank's last ask(); answers to older ones are dropped
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._answer: MPI.Request | None = None  # the pending receive of answers (posted by ask)
+        self._asks: list[MPI.Request] = []
         _register(self)
 
     def enter(self, name: str) -> None:
@@ -65,10 +105,35 @@ class Monitor:
     # -- run by the monitor thread ---------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         current = self.current
+        thread: int | None
         if current is not None:
-            return {"seq": current[0], "name": current[1], "inside": True, "site": call_site(current[3])}
-        return {"seq": self.last[0], "name": self.last[1], "inside": False,
-                "site": call_site(threading.main_thread().ident)}
+            seq, name, inside, thread = current[0], current[1], True, current[3]
+        else:
+            (seq, name), inside, thread = self.last, False, threading.main_thread().ident
+        return {"seq": seq, "name": name, "inside": inside, "site": call_site(thread),
+                "user": user_site(thread), "activity": self.activity}
+
+    # -- run by a thread of this rank that waits for a peer outside collectives ---------------------
+    def ask(self, peer: int) -> None:
+        """Ask ``peer`` where it is (its monitor thread answers within a tick); never waits."""
+        self._asked += 1
+        if self._answer is None:
+            self._answer = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_ANSWER)
+        self._asks = [req for req in self._asks if not req.Test()]  # this thread's sends (not the monitor's)
+        self._asks.append(self.comm.isend((self.rank, _ANSWER, self._asked), dest=peer, tag=_QUERY))
+
+    def answer(self, peer: int) -> dict[str, Any] | None:
+        """``peer``'s answer to this rank's last :meth:`ask` (a state as in reports), once; or None."""
+        while self._answer is not None:
+            done, msg = self._answer.test()
+            if not done:
+                break
+            self._answer = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_ANSWER)
+            assert msg is not None, "an answer carries the answering rank, the question's number and a state"
+            source, token, state = msg
+            if token == self._asked:
+                self._answers[source] = state
+        return self._answers.pop(peer, None)
 
     def serve(self) -> None:
         """Answer other ranks' queries about where this rank is (the monitor thread calls this)."""
@@ -78,7 +143,11 @@ class Monitor:
             if not done:
                 return
             assert msg is not None, "a query carries the asking rank"
-            self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
+            if isinstance(msg, tuple):  # ask(): (rank, tag, number)
+                asking, tag, token = msg
+                self._sends.append(self.comm.isend((self.rank, token, self._state()), dest=asking, tag=tag))
+            else:  # a report's question
+                self._sends.append(self.comm.isend(self._state(), dest=msg, tag=_REPLY))
             self._recv = self.comm.irecv(source=MPI.ANY_SOURCE, tag=_QUERY)
 
     def watch(self) -> None:
@@ -129,15 +198,17 @@ class Monitor:
         return "\n".join(lines)
 
     def cancel(self) -> None:
-        """Cancel the pending receive of queries (before MPI_Finalize)."""
+        """Cancel the pending receives of queries and answers (before MPI_Finalize)."""
         self._recv.Cancel()
+        if self._answer is not None:
+            self._answer.Cancel()
 
     def close(self, free: bool = True) -> None:
         """Stop monitoring; ``free``: free the monitor's communicator too (else it is left alone,
         for a communicator that a failure made unusable)."""
         _unregister(self)
         if not MPI.Is_finalized():
-            self._recv.Cancel()
+            self.cancel()
             if free:
                 self.comm.Free()
 

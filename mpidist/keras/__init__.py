@@ -11,6 +11,9 @@ strategy (``patching.multi_rank``); anything else runs Keras's and TensorFlow's 
 - ``files``: ``model.save`` / ``save_weights`` (Keras's saving functions): each path written once,
   atomically, whichever ranks save;
 - ``shuffle``: unseeded shuffles (``fit(shuffle=True)``, ``dataset.shuffle(n)``) agree across ranks;
+- ``clipping``: ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` of Keras 3 optimizers clip the
+  gradient summed over the replicas, as one process clips the global batch's;
+- ``loss_scale``: dynamic loss scaling (``mixed_float16``) skips a step on every rank or on none;
 - ``tf_checkpoint``: ``tf.train.Checkpoint.save`` / ``write``, ``CheckpointManager.save``, whichever
   ranks save (every rank to one path or to paths of their own, or the chief alone).
 - ``xla``: ``jit_compile=True`` (and ``"auto"``): the train step compiled by XLA in two parts, the
@@ -72,11 +75,13 @@ def _install() -> None:
     if not keras.__version__.startswith("3."):
         _log.warning("mpidist: Keras %s is not Keras 3; its integration is not installed", keras.__version__)
     else:
-        from . import callbacks, files, predict, shuffle
+        from . import callbacks, clipping, files, loss_scale, predict, shuffle
         files.install()
         callbacks.install()
         predict.install()
         shuffle.install()
+        clipping.install()
+        loss_scale.install()
         from . import xla
         xla.install()
     _done = True

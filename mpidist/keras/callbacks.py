@@ -17,6 +17,10 @@ under a multi-rank mpidist strategy, both work (``mpidist.tensorflow.checkpoint.
   to a private temporary directory, removed when training ends (as TensorFlow's Keras did).
 - ``CSVLogger``: the chief writes the file; the other ranks write to ``os.devnull`` (Keras 3, and
   tf_keras's CSVLogger under ``TF_USE_LEGACY_KERAS=1``: ``install_keras2``).
+- every callback (``CallbackList``'s ``on_*`` hooks, Keras 3 and tf_keras): the variables it
+  creates are this rank's own (``mpidist.tensorflow.variables.own_variables``: no broadcast of the
+  initial value, not mirrored), so a callback may create one on the chief alone, also when ``fit``
+  runs inside ``strategy.scope()`` (and tf_keras's ``fit``, which always enters it).
 
 A callback on the chief alone writes without waiting for anyone. Where every rank runs it, an error
 of the chief's write is raised on every rank. Logs are global (metrics are aggregated over ranks),
@@ -29,8 +33,24 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from ..tensorflow import checkpoint
+from ..tensorflow import checkpoint, variables
 from . import files, patching
+
+# -- every callback: the variables it creates are this rank's own -----------------------------------
+
+def _own_variables(original: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if patching.model_strategy(getattr(self, "model", None)) is None:
+            return original(self, *args, **kwargs)
+        with variables.own_variables():
+            return original(self, *args, **kwargs)
+    return hook
+
+
+def _patch_hooks(callback_list: type) -> None:
+    for name in sorted(n for n, f in vars(callback_list).items() if n.startswith("on_") and callable(f)):
+        patching.patch(callback_list, name, _own_variables)
+
 
 # -- ModelCheckpoint ------------------------------------------------------------------------------
 
@@ -154,6 +174,7 @@ def _csv_begin(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     from keras.src.callbacks.backup_and_restore import BackupAndRestore
+    from keras.src.callbacks.callback_list import CallbackList
     from keras.src.callbacks.csv_logger import CSVLogger
     from keras.src.callbacks.model_checkpoint import ModelCheckpoint
     from keras.src.callbacks.tensorboard import TensorBoard
@@ -164,6 +185,7 @@ def install() -> None:
     patching.patch(TensorBoard, "set_model", _tensorboard_set_model)
     patching.patch(TensorBoard, "on_train_end", _tensorboard_end)
     patching.patch(CSVLogger, "on_train_begin", _csv_begin)
+    _patch_hooks(CallbackList)
 
 
 def _keras2_backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -178,7 +200,8 @@ def _keras2_backup_begin(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install_keras2() -> None:
-    """tf_keras's CSVLogger (same attributes as Keras 3's): the chief writes the file. tf_keras's
+    """tf_keras's CSVLogger (same attributes as Keras 3's): the chief writes the file; variables its
+    callbacks create are this rank's own (as Keras 3's, above). tf_keras's
     BackupAndRestore accepts mpidist's strategies (it refuses every strategy but TensorFlow's own);
     its files are then tf_keras's own multi-worker ones: the chief writes ``backup_dir/chief``
     through ``tf.train.CheckpointManager`` (one writer, atomically: ``tf_checkpoint``), the other
@@ -186,3 +209,4 @@ def install_keras2() -> None:
     module = patching.tf_keras_internal("callbacks")
     patching.patch(module.CSVLogger, "on_train_begin", _csv_begin)
     patching.patch(module.BackupAndRestore, "on_train_begin", _keras2_backup_begin)
+    _patch_hooks(module.CallbackList)

@@ -48,7 +48,11 @@ KERAS_PRIVATE: dict[str, tuple[str, ...]] = {
     "keras.src.layers.normalization.batch_normalization.BatchNormalization": (
         "_moments",  # overridden by hvd.SyncBatchNormalization
         "_reduction_axes"),
-    "keras.src.optimizers.base_optimizer.BaseOptimizer": ("_trainable_variables",),  # DistributedOptimizer
+    "keras.src.optimizers.base_optimizer.BaseOptimizer": (
+        "_trainable_variables",  # DistributedOptimizer
+        "_clip_gradients"),  # patched: clips the sum over replicas (clipping.py)
+    "keras.src.backend.tensorflow.optimizer.TFOptimizer": (
+        "_all_reduce_sum_gradients",),  # patched: gradients summed before clipping are not summed again
     "keras.src.backend.tensorflow.trainer.TensorFlowTrainer": (
         "_distribute_strategy",  # a model's strategy
         "_make_function"),  # patched: jit_compile=True compiles the step in two parts (xla.py)

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from ..collectives import notices
 from ..errors import CollectiveMismatchError, DeadlineExceededError
-from . import _tf_private
+from . import _tf_private, variables
 from .strategy import MPIStrategy
 
 SYNC_ON_READ_TIMEOUT = 60.0  # seconds the aggregation of sync-on-read variables in a save may wait
@@ -118,31 +118,40 @@ def save_once(strategy: MPIStrategy, kind: str, path: Any, write: Callable[[], A
     """
     engine, ext = strategy.engine, strategy.extended
     key = key_of(path)
-    save = notices.begin(engine, kind)
+    save = notices.begin(engine, kind, key)
     token = _SAVING.set(True)
     try:
         ext.saved_reads = aggregate_sync_on_read(strategy, sync_on_read_in(strategy, trackable), kind)
-        if engine.rank == 0:
-            try:
-                result = write()
-            except Exception as error:
-                notices.publish(engine, save, key, error=error)
-                raise
-            notices.publish(engine, save, key, "" if result is None else str(result),
-                            extra=extra() if extra is not None else None)
-            return result, None
-        notice = notices.follow(engine, save, key)
-        if notice is None or notice.path != key:
-            return write(), None
-        if notice.error is not None:
-            raise RuntimeError(f"{kind}: rank 0 (the chief) failed to write {key}, which every rank saves: "
-                               f"rank 0 failed: {notice.error}")
-        if on_followed is not None:
-            on_followed(notice)
-        return None, notice
+        with variables.own_variables():  # what a save creates is this rank's own: no collective
+            return _write_or_follow(engine, save, key, write, extra, on_followed)
     finally:
         ext.saved_reads = {}
         _SAVING.reset(token)
+        notices.finish(engine, save)
+
+
+def _write_or_follow(engine: Any, save: notices.Save, key: str, write: Callable[[], Any],
+                     extra: Callable[[], dict] | None,
+                     on_followed: Callable[[notices.Notice], None] | None) -> tuple[Any, notices.Notice | None]:
+    """Steps 2 and 3 of the module docstring."""
+    if engine.rank == 0:
+        try:
+            result = write()
+        except Exception as error:
+            notices.publish(engine, save, key, error=error)
+            raise
+        notices.publish(engine, save, key, "" if result is None else str(result),
+                        extra=extra() if extra is not None else None)
+        return result, None
+    notice = notices.follow(engine, save, key)
+    if notice is None or notice.path != key:
+        return write(), None
+    if notice.error is not None:
+        raise RuntimeError(f"{save.kind}: rank 0 (the chief) failed to write {key}, which every rank saves: "
+                           f"rank 0 failed: {notice.error}")
+    if on_followed is not None:
+        on_followed(notice)
+    return None, notice
 
 
 def save(checkpoint: tf.train.Checkpoint, file_prefix: str, *, strategy: Any = None, options: Any = None) -> str:

@@ -29,8 +29,10 @@
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
@@ -38,6 +40,17 @@ from . import _tf_private, collectives
 
 _log = logging.getLogger("mpidist")
 _SAVE_COUNTER = "save_counter"  # the variable tf.train.Checkpoint creates on its first save
+_OWN = contextvars.ContextVar("mpidist_own_variables", default=False)
+
+
+@contextlib.contextmanager
+def own_variables() -> Iterator[None]:
+    """Variables created inside (in this thread or task) are this rank's own: see the module docstring."""
+    token = _OWN.set(True)
+    try:
+        yield
+    finally:
+        _OWN.reset(token)
 
 
 def _broadcast(extended: Any, value: Any, dtype: Any, trainable: bool, name: Any) -> Any:
@@ -72,6 +85,10 @@ def _broadcast_initial_value(extended: Any, kwargs: dict[str, Any]) -> Any:
 def create_variable(extended: Any, next_creator: Callable[..., Any], **kwargs: Any) -> Any:
     """The body of ``extended._create_variable``; see the module docstring."""
     kwargs.pop("colocate_with", None)  # one device per rank: colocation is automatic
+    if _OWN.get():  # this rank's own: as outside any strategy
+        kwargs["distribute_strategy"] = None
+        with extended.device_scope():
+            return next_creator(**kwargs)
     synchronization = kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
     aggregation = kwargs.get("aggregation", tf.VariableAggregation.NONE)
     if synchronization == tf.VariableSynchronization.ON_READ:

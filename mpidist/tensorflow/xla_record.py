@@ -179,6 +179,12 @@ def defer_output(compute: Callable[[], Any]) -> Any:
     return placeholder
 
 
+def replaying_update() -> bool:
+    """Whether part 3 of a split step is being traced here: the optimizer update being replayed was
+    given gradients summed over the replicas already (the same on every rank)."""
+    return _top("replaying") is not None and _tf_private.in_xla_context()
+
+
 def reading_locally() -> bool:
     """Whether a cross-replica read of a sync-on-read variable now gives this replica's value (no
     collective): while ``defer_output`` traces its placeholder."""

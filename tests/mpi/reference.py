@@ -65,6 +65,35 @@ def assert_same(result, expected) -> None:
     np.testing.assert_array_equal(result, expected)
 
 
+FLOAT32_RTOL = 1e-5
+
+
+def assert_float32_close(got, want, rtol: float = FLOAT32_RTOL) -> None:
+    """``got`` equals ``want`` as far as float32 allows when the two were computed with different
+    batch shapes, rank counts, execution modes (eager or tf.function: grappler and oneDNN fuse
+    kernels) or summation orders: BLAS and oneDNN pick kernels and blockings by shape and CPU, so the
+    sums inside a layer round differently (a Dense layer's predictions at two batch shapes: 3.9e-6
+    relative apart on one CPU, 1e-7 on another). The rounding error of a sum is a few units of
+    float32's epsilon (1.2e-7) times the magnitude of its terms, which an output near zero does not
+    show: ``rtol`` of each value, and of the largest value as the absolute tolerance."""
+    want = np.asarray(want)
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=rtol, atol=rtol * scale)
+
+
+CLIPS = {"clipnorm": 0.05, "global_clipnorm": 0.05, "clipvalue": 0.01}  # optimizer arguments of clipping tests
+
+
+def clipping_acts(clip: str, grads) -> bool:
+    """Whether an optimizer made with ``{clip: CLIPS[clip]}`` clips gradients ``grads`` (arrays, one
+    per variable), with a margin of 2: a clipping test that did not clip could not fail."""
+    grads = [np.asarray(g, np.float64) for g in grads]
+    measure = {"clipnorm": max(np.linalg.norm(g) for g in grads),
+               "global_clipnorm": np.sqrt(sum(np.sum(g * g) for g in grads)),
+               "clipvalue": max(np.abs(g).max() for g in grads)}[clip]
+    return bool(measure > 2 * CLIPS[clip])
+
+
 def same_everywhere(comm, value):
     """Assert that ``value`` is equal on every rank of ``comm`` (every rank's value in the message);
     returns it."""

@@ -70,18 +70,25 @@ def test_chief_write_error_is_raised_on_every_rank_that_saves_its_path(strategy,
         checkpoint.save(state(1), os.path.join(blocker, "state.npz"), strategy)
 
 
-def test_save_by_the_other_ranks_alone_ends_at_the_deadline(strategy, comm, shared_dir):
-    """Ranks other than the chief saving alone wait for a chief's save that never comes: under
-    rc.timeout_seconds they raise DeadlineExceededError naming the rule instead of waiting forever,
-    nothing is written, and the job goes on in step. (The chief waits outside mpidist here; a chief
-    waiting in a collective of the strategy raises there at its own deadline.)"""
+def test_save_by_the_other_ranks_alone_is_an_error_on_every_rank(strategy, comm, shared_dir):
+    """Ranks other than the chief saving alone wait for a chief's save that never comes, while the
+    chief goes on into a collective they cannot join: within seconds they raise DeadlockError naming
+    the rule and where the chief is, the chief's collective raises with their message, nothing is
+    written, and the job goes on in step."""
     if comm.Get_size() == 1:
         pytest.skip("needs a rank other than the chief")
     path = os.path.join(shared_dir, "others.npz")
+    with pytest.raises(mpidist.errors.MpidistError) as info:
+        if comm.Get_rank() != 0:
+            checkpoint.save(state(1), path, strategy)
+        else:
+            strategy.reduce("SUM", np.ones(1), axis=None)
+    text = str(info.value)
+    assert "rank 0 went on without making this save" in text and "not the other ranks alone" in text, text
+    assert isinstance(info.value, mpidist.errors.CollectiveFailedError if comm.Get_rank() == 0
+                      else mpidist.errors.DeadlockError), text
     if comm.Get_rank() != 0:
-        with mpidist.rc.override(timeout_seconds=1):
-            with pytest.raises(mpidist.errors.DeadlineExceededError, match="not the other ranks alone"):
-                checkpoint.save(state(1), path, strategy)
+        assert "rank 0 is inside allreduce #" in text and "test_checkpoint_numpy.py:" in text, text
     comm.Barrier()
     assert not os.path.exists(path)
     total = strategy.reduce("SUM", np.ones(1), axis=None)

@@ -14,6 +14,7 @@ import tensorflow as tf
 import mpidist.horovod.tensorflow as hvd
 import mpidist.horovod.keras as hvdk
 from horovod_support import data
+from reference import CLIPS, clipping_acts
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -120,20 +121,26 @@ def weights(model):
     return np.concatenate([v.numpy().ravel() for v in model.weights])
 
 
-@pytest.mark.parametrize("passes", [1, 2])
-def test_keras_fit_equals_large_batch_reference(passes):
+@pytest.mark.parametrize("passes, clip", [(1, "global_clipnorm"), (2, "clipvalue")])
+def test_keras_fit_equals_large_batch_reference(passes, clip):
+    """Clipping acts on the aggregated gradient (as one process clips the large batch's)."""
     n, me = hvd.size(), hvd.rank()
     steps, per = 4, 4
     x, y = dataset(n, steps)
     mine = np.arange(len(x)).reshape(steps, n, per)[:, me].ravel()  # rank me's batch s: rows [s, me]
+
+    def sgd():
+        return keras.optimizers.SGD(0.05, momentum=0.0 if passes > 1 else 0.9, **{clip: CLIPS[clip]})
     model = make_model()
-    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.0 if passes > 1 else 0.9),
-                                    backward_passes_per_step=passes, average_aggregated_gradients=True)
+    opt = hvdk.DistributedOptimizer(sgd(), backward_passes_per_step=passes, average_aggregated_gradients=True)
     model.compile(optimizer=opt, loss="mse")
     model.fit(x[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0,
               callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
     ref = make_model()
-    ref.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.0 if passes > 1 else 0.9), loss="mse")
+    ref.compile(optimizer=sgd(), loss="mse")
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y[:per * n * passes], ref(x[:per * n * passes]))
+    assert clipping_acts(clip, tape.gradient(loss, ref.trainable_variables)), "this test could not fail"
     ref.fit(x, y, batch_size=per * n * passes, epochs=2, shuffle=False, verbose=0)
     np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
     assert int(opt.iterations.numpy()) == 2 * steps // passes

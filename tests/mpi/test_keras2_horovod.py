@@ -22,7 +22,7 @@ if not flavor.is_keras2():
 
 import mpidist.horovod.keras as hvdk  # noqa: E402
 import mpidist.horovod.tensorflow as hvd  # noqa: E402
-from reference import assert_batch_norm_is_global  # noqa: E402
+from reference import CLIPS, assert_batch_norm_is_global, clipping_acts  # noqa: E402
 
 pytestmark = [pytest.mark.keras2]
 keras = tf.keras
@@ -54,24 +54,32 @@ def weights(model):
     return np.concatenate([np.asarray(v).ravel() for v in model.weights])
 
 
-@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("passes", [1, 2])
-def test_fit_equals_large_batch_reference(kind, passes):
+@pytest.mark.parametrize("kind, passes, clip", [
+    ("current", 1, "global_clipnorm"), ("current", 2, None), ("legacy", 1, "clipnorm"), ("legacy", 2, "clipvalue")])
+def test_fit_equals_large_batch_reference(kind, passes, clip):
+    """With clipping, the aggregated gradient is clipped (as one process clips the large batch's)."""
     n, me = hvd.size(), hvd.rank()
     steps, per = 4, 4
     x, y = dataset(n, steps)
     mine = np.arange(len(x)).reshape(steps, n, per)[:, me].ravel()  # rank me's batch s: rows [s, me]
     momentum = 0.0 if passes > 1 else 0.9
+
+    def sgd(clipping):
+        return OPTIMIZERS[kind](0.05, momentum=momentum, **({} if clipping is None else {clipping: CLIPS[clipping]}))
     model = make_model()
-    opt = hvdk.DistributedOptimizer(OPTIMIZERS[kind](0.05, momentum=momentum), backward_passes_per_step=passes,
-                                    average_aggregated_gradients=True)
+    opt = hvdk.DistributedOptimizer(sgd(clip), backward_passes_per_step=passes, average_aggregated_gradients=True)
     assert type(opt).__name__ == "SGD" and flavor.keras2_optimizer_kind(opt) == kind
     model.compile(optimizer=opt, loss="mse")
     history = model.fit(x[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0,
                         callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
                                    hvdk.callbacks.MetricAverageCallback()])
+
     ref = make_model()
-    ref.compile(optimizer=OPTIMIZERS[kind](0.05, momentum=momentum), loss="mse")
+    ref.compile(optimizer=sgd(clip), loss="mse")
+    if clip is not None:
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(y[:per * n * passes], ref(x[:per * n * passes]))
+        assert clipping_acts(clip, tape.gradient(loss, ref.trainable_variables)), "this test could not fail"
     ref.fit(x, y, batch_size=per * n * passes, epochs=2, shuffle=False, verbose=0)
     np.testing.assert_allclose(weights(model), weights(ref), rtol=1e-5, atol=1e-6)
     assert int(opt.iterations.numpy()) == 2 * steps  # Horovod: every call counts, applied or not

@@ -29,6 +29,7 @@ if not flavor.is_keras2():
 
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
+from reference import CLIPS, assert_float32_close, clipping_acts  # noqa: E402
 
 keras = tf.keras
 pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
@@ -189,6 +190,67 @@ def test_custom_training_loop_equals_single_process(eng, comm, optimizer):
     np.testing.assert_allclose(accuracies, ref_accuracies, rtol=TOL)
 
 
+CLIP_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("optimizer, clip, how", [
+    ("sgd", "clipnorm", "fit"), ("legacy_sgd", "global_clipnorm", "fit"), ("sgd", "clipvalue", "apply_gradients"),
+])
+def test_clipping_acts_on_the_global_gradient(eng, comm, optimizer, clip, how):
+    """tf_keras's optimizers (current and legacy) sum the replicas' gradients before they clip: equal
+    to one process on the same global batches, in fit and in a custom loop."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4 * CLIP_BATCH, 8)).astype(np.float32)
+    y = 5 * rng.normal(size=(len(x), 2)).astype(np.float32)
+
+    def batch_loss(model, xb, yb):  # the mean squared error over the global batch, from one replica's rows
+        return tf.reduce_sum(tf.reduce_mean(tf.square(model(xb) - yb), axis=-1)) / CLIP_BATCH
+
+    def build(clipping):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)])
+        opt = keras.optimizers.legacy.SGD(0.1) if optimizer == "legacy_sgd" else keras.optimizers.SGD(0.1)
+        if clipping is not None:
+            setattr(opt, clipping, CLIPS[clipping])
+        model.compile(opt, "mse")
+        return model
+
+    def train(model, strategy):
+        if how == "fit":
+            model.fit(x, y, batch_size=CLIP_BATCH, epochs=2, shuffle=False, verbose=0)
+            return
+
+        def replica_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = batch_loss(model, xb, yb)
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(CLIP_BATCH).repeat(2))
+        step = tf.function(lambda xb, yb: strategy.run(replica_step, args=(xb, yb)))
+        for xb, yb in dataset:
+            step(xb, yb)
+
+    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    with strategy.scope():
+        model = build(clip)
+    initial = model.get_weights()
+    train(model, strategy)
+
+    def one_process():
+        reference = build(clip)  # no strategy
+        reference.set_weights(initial)
+        with tf.GradientTape() as tape:
+            loss = batch_loss(reference, x[:CLIP_BATCH], y[:CLIP_BATCH])
+        acts = clipping_acts(clip, tape.gradient(loss, reference.trainable_variables))
+        train(reference, tf.distribute.get_strategy())
+        return reference.get_weights(), acts
+    expected, acts = on_chief(comm, one_process)
+    assert acts, "the first step's gradient is not clipped: this test could not fail"
+    assert_same_on_every_rank(comm, model.get_weights())
+    assert_close(model.get_weights(), expected)
+
+
 def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm):
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     tf.random.set_seed(eng.rank)  # a different initial draw on every rank: rank 0's must win
@@ -217,7 +279,7 @@ def test_predict_returns_every_row_in_order(eng, comm):
     want = on_chief(comm, lambda: model(x).numpy())
     for got in (model.predict(x, batch_size=GLOBAL_BATCH, verbose=0),
                 model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert_float32_close(got, want)  # batches split over the ranks, against all 70 rows at once
 
 
 ROWS, EPOCHS = 70, 3  # a short last batch of 6
@@ -260,16 +322,36 @@ def test_unseeded_shuffles_agree_across_ranks(eng, comm, source):
     assert len({tuple(o) for o in orders}) == EPOCHS and orders[0] != list(range(ROWS)), orders
 
 
+class _ChiefVariables(keras.callbacks.Callback):
+    """Creates variables on the chief alone at each epoch's end (tf_keras's fit runs callbacks inside
+    the strategy's scope): a tf.Variable and a legacy optimizer's, and counts with them."""
+
+    def __init__(self, comm):
+        super().__init__()
+        self.rank, self.size, self.counts = comm.Get_rank(), comm.Get_size(), []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0:
+            count = tf.Variable(float(epoch))
+            count.assign_add(tf.cast(keras.optimizers.legacy.SGD(1.0).iterations, tf.float32) + 1)  # made here
+            self.counts.append(float(count.numpy()))
+            if self.size > 1:  # one rank: mpidist is TensorFlow's own (a mirrored variable)
+                assert not isinstance(count, tf.distribute.DistributedValues)  # this rank's own
+
+
 def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
     """tf_keras's own multi-worker file handling (non-chiefs write to a temporary directory named by
-    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only."""
+    ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only.
+    A callback that creates variables on the chief alone does not stop the others."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
     x, y = dataset_arrays(32, seed=5)
     with strategy.scope():
         model = build_model("sgd")
+    chief_variables = _ChiefVariables(comm)
     callbacks = [keras.callbacks.ModelCheckpoint(os.path.join(shared_dir, "model-{epoch}.h5")),
-                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs"))]
+                 keras.callbacks.TensorBoard(os.path.join(shared_dir, "logs")), chief_variables]
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=callbacks)
+    assert chief_variables.counts == ([1.0, 2.0] if comm.Get_rank() == 0 else [])
     comm.Barrier()
     assert sorted(os.listdir(shared_dir)) == ["logs", "model-1.h5", "model-2.h5"]
     restored = keras.models.load_model(os.path.join(shared_dir, "model-2.h5"))
@@ -338,7 +420,7 @@ def test_every_rank_saving_one_path_writes_it_once(eng, comm, shared_dir, name, 
     if how == "tf.saved_model.save":  # no Keras metadata: TensorFlow's loader, the serving signature
         x = dataset_arrays(4, seed=1)[0]
         (got,) = tf.saved_model.load(path).signatures["serving_default"](tf.constant(x)).values()
-        np.testing.assert_allclose(got.numpy(), model(x, training=False).numpy(), rtol=1e-6)
+        assert_float32_close(got.numpy(), model(x, training=False).numpy())  # a saved graph against eager
     else:
         expected = model.get_weights()
         with strategy.scope():

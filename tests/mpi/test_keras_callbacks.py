@@ -1,8 +1,10 @@
 """Keras callbacks that write files, under an mpidist strategy, with unchanged user code: one
 writer (the chief), atomic, readable by every rank when the callback returns, errors on every rank;
-training equal to one process's."""
+training equal to one process's. ``fit`` called inside ``strategy.scope()`` too (``in_scope``): what
+a save or a callback creates there is the rank's own (no collective), so nothing waits for it."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 
@@ -37,21 +39,48 @@ def no_temporary_files(directory):
     assert not [f for f in glob.glob(os.path.join(directory, "**", "*"), recursive=True) if "mpidist-tmp" in f]
 
 
-@pytest.mark.parametrize("name, weights_only, best_only, save_freq", [
-    ("w.weights.h5", True, False, "epoch"),
-    ("m.keras", False, False, "epoch"),
-    ("best.keras", False, True, "epoch"),
-    ("e{epoch:02d}.weights.h5", True, True, "epoch"),
-    ("sub/dir/b.weights.h5", True, False, 3),  # every 3 batches (4 batches per epoch); directories made
+class ChiefVariables(keras.callbacks.Callback):
+    """Creates variables on the chief alone at each epoch's end: a tf.Variable and a Keras optimizer
+    (what Keras's own saving code builds), and counts with them."""
+
+    def __init__(self, comm):
+        super().__init__()
+        self.rank, self.size, self.counts = comm.Get_rank(), comm.Get_size(), []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0:
+            count = tf.Variable(float(epoch))
+            count.assign_add(keras.optimizers.SGD(1.0).learning_rate)
+            self.counts.append(float(count.numpy()))
+            if self.size > 1:  # one rank: mpidist is TensorFlow's own (a mirrored variable)
+                assert not isinstance(count, tf.distribute.DistributedValues)  # this rank's own
+
+
+def scope_if(strategy, in_scope):
+    """``strategy.scope()`` when ``in_scope`` (fit called inside it, as TensorFlow's docs also do)."""
+    return strategy.scope() if in_scope else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("name, weights_only, best_only, save_freq, in_scope", [
+    ("w.weights.h5", True, False, "epoch", True),
+    ("m.keras", False, False, "epoch", False),
+    ("best.keras", False, True, "epoch", True),
+    ("e{epoch:02d}.weights.h5", True, True, "epoch", False),
+    ("sub/dir/b.weights.h5", True, False, 3, True),  # every 3 batches (4 batches per epoch); directories made
 ])
-def test_model_checkpoint(strategy, comm, shared_dir, name, weights_only, best_only, save_freq):
+def test_model_checkpoint(strategy, comm, shared_dir, name, weights_only, best_only, save_freq, in_scope):
+    """Also with a callback that creates variables on the chief alone: nobody waits for them."""
     x, y = data()
     with strategy.scope():
         model = build_model()
     path = os.path.join(shared_dir, name)
     callback = keras.callbacks.ModelCheckpoint(path, monitor="loss", save_best_only=best_only,
                                                save_weights_only=weights_only, save_freq=save_freq)
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[callback])
+    chief_variables = ChiefVariables(comm)
+    with scope_if(strategy, in_scope):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0,
+                  callbacks=[callback, chief_variables])
+    assert chief_variables.counts == ([1.0, 2.0, 3.0] if comm.Get_rank() == 0 else [])
     written = same_everywhere(comm, sorted(os.path.relpath(f, shared_dir)
                                            for f in glob.glob(os.path.join(shared_dir, "**", "*.*"), recursive=True)))
     assert written, "nothing written"
@@ -82,30 +111,6 @@ def test_model_checkpoint_error_is_raised_on_every_rank(strategy, comm, shared_d
         model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     if comm.Get_rank() != 0:
         assert "rank 0 failed" in str(info.value)
-
-
-def test_backup_and_restore_resumes_on_every_rank(strategy, comm, shared_dir):
-    x, y = data(seed=1)
-    backup = os.path.join(shared_dir, "backup")
-    with strategy.scope():
-        model = build_model()
-    initial = model.get_weights()
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
-              callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False, double_checkpoint=True)])
-    assert same_everywhere(comm, sorted(os.listdir(backup))) == sorted(
-        ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json", "training_metadata.json.bkp"])
-    with strategy.scope():
-        resumed = build_model()
-    history = resumed.fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0,
-                          callbacks=[keras.callbacks.BackupAndRestore(backup)])
-    assert len(history.history["loss"]) == 2  # epochs 3 and 4 only
-    assert same_everywhere(comm, os.path.exists(backup)) is False  # deleted (once) at the end
-    with strategy.scope():
-        straight = build_model()
-    straight.set_weights(initial)
-    straight.fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, shuffle=False, verbose=0)
-    for a, b in zip(resumed.get_weights(), straight.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_csv_logger_writes_once(strategy, comm, shared_dir):
@@ -225,10 +230,12 @@ def canary_data():
     return rng.random((10, 3)).astype(np.float32), rng.random((10, 1)).astype(np.float32)
 
 
-@pytest.mark.parametrize("case", ["step", "epoch", "corrupted"])
-def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
+@pytest.mark.parametrize("case, in_scope", [("step", True), ("step", False), ("epoch", True), ("corrupted", False)])
+def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case, in_scope):
     """Interrupted on every rank (after 2 batches, or 2 epochs), resumed from the backup: the
-    callback's counters and the model's state are Keras's single-process ones, on every rank."""
+    callback's counters and the model's state are Keras's single-process ones, on every rank; the
+    backup is deleted at the end. (A job killed and launched again resumes to the weights of a
+    straight run: tests/launch/test_keras_jobs.py.)"""
     backup = os.path.join(shared_dir, "subdir")
     x, y = canary_data()
     with strategy.scope():
@@ -239,7 +246,7 @@ def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
     else:
         cbk = keras.callbacks.BackupAndRestore(backup, save_freq="epoch", double_checkpoint=case == "corrupted")
         interrupt, epochs, done = Interrupting(epochs=2), 6, (2, 6)
-    with pytest.raises(RuntimeError, match="Interruption"):
+    with pytest.raises(RuntimeError, match="Interruption"), scope_if(strategy, in_scope):
         model.fit(x, y, batch_size=4, callbacks=[cbk, interrupt], epochs=epochs, verbose=0)
     assert os.path.exists(backup)
     assert (cbk._current_epoch, int(model.layers[0].counter.value)) == done
@@ -252,17 +259,8 @@ def test_keras_backup_and_restore_cases(strategy, comm, shared_dir, case):
             with open(cbk._weights_path, "w") as f:
                 f.write("0")
         comm.Barrier()
-    history = model.fit(x, y, batch_size=4, callbacks=[cbk], epochs=5, verbose=0)
+    with scope_if(strategy, in_scope):
+        history = model.fit(x, y, batch_size=4, callbacks=[cbk], epochs=5, verbose=0)
     assert cbk._current_epoch == 5 and history.epoch[-1] == 4
     assert same_everywhere(comm, int(model.layers[0].counter.value)) == (17 if case == "step" else 15)
     assert not os.path.exists(backup)
-
-
-def test_keras_backup_deleted_after_training(strategy, comm, shared_dir):
-    backup = os.path.join(shared_dir, "subdir")
-    x, y = canary_data()
-    with strategy.scope():
-        model = canary_model()
-    model.fit(x, y, batch_size=4, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq="epoch")],
-              epochs=2, verbose=0)
-    assert same_everywhere(comm, os.path.exists(backup)) is False
