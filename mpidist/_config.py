@@ -86,7 +86,7 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
                   "hierarchical (inside node, across node leaders, back inside node)"),
     "hierarchical_threshold": (1 << 20, _nonneg_int,
                                "auto uses the hierarchical algorithm from this many bytes per buffer "
-                               "when the job spans several nodes with several ranks each"),
+                               "when the job spans several nodes and some node has several ranks"),
     "iallreduce_threshold": (32 << 20, _nonneg_int,
                              "flat allreduces of at least this many bytes per buffer run as MPI_Iallreduce + "
                              "wait instead of MPI_Allreduce (2-3x faster from 32 MB at 2 ranks with Open MPI 5 "

@@ -9,10 +9,10 @@ that rank skip the step and halve its loss scale while the others applied theirs
 different collectives (``CollectiveMismatchError``, measured at 2 ranks with one large target per
 global batch). Patched (Keras 3, in a replica context of a multi-rank mpidist strategy):
 ``check_finite`` is this rank's answer combined over the replicas (one 4-byte ``all_reduce`` a step:
-the ranks whose part is not): the gradients are finite when every rank's part is, i.e. when their sum, the global gradient,
-is (short of an overflow in that sum). Keras 2 (tf_keras) aggregates the gradients before its check,
-and so does a ``jit_compile=True`` step (``mpidist.tensorflow.xla``): its update is given the summed
-gradients, the same on every rank, and their check needs no collective.
+the ranks whose part is not): the gradients are finite when every rank's part is, i.e. when their
+sum, the global gradient, is (short of an overflow in that sum). Keras 2 (tf_keras) aggregates the
+gradients before its check, and so does a ``jit_compile=True`` step (``mpidist.tensorflow.xla``): its
+update is given the summed gradients, the same on every rank, and their check needs no collective.
 """
 from __future__ import annotations
 

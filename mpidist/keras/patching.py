@@ -4,7 +4,7 @@ Every patch wraps one function or method and calls the original unchanged unless
 acts on belongs to an mpidist strategy of several ranks (``multi_rank``): a one-rank mpidist
 strategy, TensorFlow's own strategies and programs without a strategy see plain Keras. The
 originals stay reachable (``original``) and ``installed()`` lists what is patched, for tests and
-for the README's list.
+for the list in docs/keras.md.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ RANKS = (2, 4)
 
 def _need(flavor: str) -> None:
     if flavor == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
-        pytest.skip("tf_keras is not installed (tests/run installs it: see README)")
+        pytest.skip("tf_keras is not installed (tests/run installs it: see docs/keras2.md)")
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from reference import CLIPS, assert_float32_close, clipping_acts  # noqa: E402
 
 keras = tf.keras
 pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
-GLOBAL_BATCH = 16  # a multiple of every tested size (1, 2, 4)
+GLOBAL_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
 TOL = 1e-5
 
 
@@ -95,8 +95,8 @@ def test_tf_keras_is_keras_2():
 ])
 def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
     strategy = make_strategy(kind, eng, CommunicationOptions())
-    x, y = dataset_arrays(64)
-    xe, ye = dataset_arrays(70, seed=1)  # 70 = 4 full global batches + a short one of 6
+    x, y = dataset_arrays(72)
+    xe, ye = dataset_arrays(70, seed=1)  # 70 = 5 full global batches + a short one of 10
     with strategy.scope():
         model = build_model(optimizer, steps_per_execution)
     initial = model.get_weights()
@@ -135,7 +135,7 @@ def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer,
 @pytest.mark.parametrize("optimizer", ["sgd", "legacy_sgd"])
 def test_custom_training_loop_equals_single_process(eng, comm, optimizer):
     """TensorFlow's "Custom training with tf.distribute.Strategy" tutorial with tf_keras."""
-    x, y = dataset_arrays(64, seed=2)
+    x, y = dataset_arrays(72, seed=2)
 
     def make(strategy):
         with strategy.scope():
@@ -282,7 +282,7 @@ def test_predict_returns_every_row_in_order(eng, comm):
         assert_float32_close(got, want)  # batches split over the ranks, against all 70 rows at once
 
 
-ROWS, EPOCHS = 70, 3  # a short last batch of 6
+ROWS, EPOCHS = 70, 3  # a short last batch of 10
 
 
 class Recorder(keras.Sequential):
@@ -344,7 +344,7 @@ def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
     ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only.
     A callback that creates variables on the chief alone does not stop the others."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    x, y = dataset_arrays(32, seed=5)
+    x, y = dataset_arrays(36, seed=5)
     with strategy.scope():
         model = build_model("sgd")
     chief_variables = _ChiefVariables(comm)
@@ -376,7 +376,7 @@ def test_csv_logger_rows_written_once(eng, comm, shared_dir):
     """tf_keras's CSVLogger on every rank, appending to one file: the chief writes (one header, one
     row per epoch), the other ranks write nothing there."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    x, y = dataset_arrays(32, seed=6)
+    x, y = dataset_arrays(36, seed=6)
     with strategy.scope():
         model = build_model("sgd")
     path = os.path.join(shared_dir, "log.csv")
@@ -392,7 +392,7 @@ def fitted_model(eng, seed):
     """A model built, compiled (with metrics: Keras 2 saves their sync-on-read variables) and fitted
     under a multi-worker strategy."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    x, y = dataset_arrays(32, seed=seed)
+    x, y = dataset_arrays(36, seed=seed)
     with strategy.scope():
         model = build_model("sgd")
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
@@ -483,7 +483,7 @@ def test_backup_and_restore_resumes_where_training_stopped(eng, comm, shared_dir
     accepted): training interrupted on every rank at the start of epoch 2 resumes there and ends
     with the weights of one process's uninterrupted training; the backup is removed at the end."""
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    x, y = dataset_arrays(64, seed=9)
+    x, y = dataset_arrays(72, seed=9)
     with strategy.scope():
         model = build_model("sgd")
     initial = model.get_weights()

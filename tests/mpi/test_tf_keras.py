@@ -24,7 +24,7 @@ from mpidist.tensorflow import checkpoint  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.keras)
 
 pytestmark = pytest.mark.mpi
-GLOBAL_BATCH = 16  # a multiple of every tested size (1, 2, 4)
+GLOBAL_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
 TOL = 1e-5
 
 
@@ -69,8 +69,8 @@ def on_chief(comm, fn):
 ])
 def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
     strategy = make_strategy(kind, eng, CommunicationOptions())
-    x, y = dataset_arrays(64)
-    xe, ye = dataset_arrays(70, seed=1)  # 70 = 4 full global batches + a short one of 6
+    x, y = dataset_arrays(72)
+    xe, ye = dataset_arrays(70, seed=1)  # 70 = 5 full global batches + a short one of 10
     with strategy.scope():
         model = build_model(optimizer, steps_per_execution)
     initial = model.get_weights()
@@ -105,7 +105,7 @@ def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer,
 
 def test_custom_training_loop_tutorial(eng, comm):
     """TensorFlow's "Custom training with tf.distribute.Strategy" tutorial, unchanged in shape."""
-    x, y = dataset_arrays(64, seed=2)
+    x, y = dataset_arrays(72, seed=2)
 
     def make(strategy_or_none):
         scope = strategy_or_none.scope() if strategy_or_none else tf.distribute.get_strategy().scope()
@@ -169,7 +169,7 @@ def test_custom_training_loop_tutorial(eng, comm):
 
 def test_checkpoint_saved_by_chief_restored_everywhere(eng, comm):
     strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
-    x, y = dataset_arrays(32, seed=3)
+    x, y = dataset_arrays(36, seed=3)
     with strategy.scope():
         model = build_model("adam")
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
