@@ -1,7 +1,9 @@
 """Fixtures of the MPI tests: they run at any -n and read rank and size at run time.
 
-Markers: ``fake_gpu`` marks tests that ran on the host fake of CuPy and NCCL (fake_cupy.py,
-fake_nccl.py), not on a GPU. The terminal summary says how many of the passes were such tests,
+Markers (declared in pyproject.toml; which steps of tests/run a file runs in: tests/README.md):
+``fake_gpu`` marks tests that ran on the host fake of CuPy and NCCL (fake_cupy.py,
+fake_nccl.py), not on a GPU; ``job_sizes(2, reason=...)`` runs a test only at those job sizes
+(it skips elsewhere, giving the reason). The terminal summary says how many of the passes were such tests,
 and with ``MPITEST_COUNTS=FILE`` rank 0 writes ``passed fake_gpu_passed`` there (tests/run
 shows them in its summary).
 """
@@ -21,8 +23,10 @@ FAKE_GPU_NOTE = "on the host fake of CuPy/NCCL, not a GPU"
 _counts = {"passed": 0, "fake_gpu": 0}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", f"fake_gpu: a GPU test that ran {FAKE_GPU_NOTE}")
+def pytest_runtest_setup(item):
+    sizes = item.get_closest_marker("job_sizes")
+    if sizes is not None and MPI.COMM_WORLD.Get_size() not in sizes.args:
+        pytest.skip(f"runs at {' or '.join(map(str, sizes.args))} rank(s) only: {sizes.kwargs['reason']}")
 
 
 def pytest_runtest_logreport(report):

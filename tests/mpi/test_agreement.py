@@ -9,7 +9,7 @@ import pytest
 import mpidist
 from mpidist.errors import CollectiveMismatchError
 
-pytestmark = pytest.mark.mpi(min_size=2)
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.two_nodes]
 
 
 def raises_everywhere(comm, fn, *patterns):

@@ -6,7 +6,7 @@ import pytest
 
 from reference import ALGORITHMS, DTYPES, OPS, SHAPES, assert_same, make, reduce_all, valid
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

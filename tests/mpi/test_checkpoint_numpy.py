@@ -95,3 +95,12 @@ def test_save_by_the_other_ranks_alone_is_an_error_on_every_rank(strategy, comm,
     assert float(np.asarray(total).ravel()[0]) == comm.Get_size()
     checkpoint.save(state(2), path, strategy)  # then every rank saves: the chief writes, as before
     restored_equal(strategy, comm, path, 2)
+
+
+def test_restore_errors_are_raised_on_every_rank(strategy, comm, shared_dir):
+    """A checkpoint that cannot be read is an error on every rank, not the chief's alone; the job goes
+    on in step."""
+    with pytest.raises(OSError, match="checkpoint.restore: could not read"):
+        checkpoint.restore(os.path.join(shared_dir, "missing.npz"), state(0), strategy)
+    total = strategy.reduce("SUM", np.ones(1), axis=None)
+    assert float(np.asarray(total).ravel()[0]) == comm.Get_size()

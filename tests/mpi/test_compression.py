@@ -119,6 +119,7 @@ def test_other_dtypes_and_ops_travel_uncompressed(engine, comm, kind):
         assert np.array_equal(engine.allreduce(x, op, options=opts), engine.allreduce(x, op)), op
 
 
+@pytest.mark.node_layout  # algorithm=hierarchical among the settings
 @pytest.mark.parametrize("kind", KINDS)
 def test_nest_packs_and_settings(engine, comm, kind, rc_settings):
     """A nest of float32 leaves in several packs, under rc.compression, a deadline and each algorithm."""

@@ -24,7 +24,7 @@ from tensorflow.python.distribute import values as tf_values  # noqa: E402  (TF'
 from reference import make, reduce_all  # noqa: E402
 from spying import SpyEngine  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout]
 
 OPS = ["sum", "mean", "min", "max"]
 DTYPES = [np.float32, np.int32, np.float64]

@@ -16,7 +16,7 @@ import mpidist
 from mpidist.errors import CommunicatorBrokenError, DeadlineExceededError
 from late_rank import arrive_late, expiring
 
-pytestmark = pytest.mark.mpi(min_size=2)
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.two_nodes]
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "barrier"])
@@ -74,3 +74,33 @@ def test_deadline_on_some_ranks_only_is_a_mismatch_not_a_hang(comm):
     with pytest.raises(mpidist.errors.CollectiveMismatchError, match="rank 0: allreduce.*with a deadline"):
         engine.allreduce(np.ones(2), timeout_seconds=timeout)
     assert engine.allreduce(np.ones(2), timeout_seconds=30)[0] == engine.size
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["reduce", "broadcast_to", "dataset"])
+def test_strategy_paths_honour_rc_timeout_seconds(comm, kind):
+    """rc.timeout_seconds reaches the strategy paths that can block, the dataset's step agreement too:
+    the ranks that waited raise DeadlineExceededError after the deadline, the late rank's call completes
+    (for broadcast_to the late rank is the root, whom every other rank waits for). strategy.gather
+    takes two MPI steps (sizes, then the data): a late rank would wait in the second, which the others
+    never issue, so its deadline is tested with a rank that never arrives, in a job of its own
+    (tests/launch/test_deadline_jobs.py)."""
+    late = 0 if kind == "broadcast_to" else comm.Get_size() - 1
+    with mpidist.rc.override(framework="numpy"):
+        strategy = mpidist.MultiWorkerMirroredStrategy()  # its own engine: the deadline breaks it
+    run = {"reduce": lambda: strategy.reduce("SUM", np.ones(3), axis=0),
+           "broadcast_to": lambda: strategy.extended.broadcast_to(np.ones(2), destinations=None),
+           "dataset": lambda: next(iter(strategy.experimental_distribute_dataset([np.ones((4, 2))] * 3)))}[kind]
+    timeout = 30 if comm.Get_rank() == late else 0.5
+    with mpidist.rc.override(framework="numpy", check_agreement=False, algorithm="flat", timeout_seconds=timeout):
+        if comm.Get_rank() == late:
+            arrive_late(comm, late)
+            run()  # completes: the others' abandoned requests are still posted
+        else:
+            start = time.monotonic()
+            with expiring(comm, late):
+                with pytest.raises(DeadlineExceededError, match="not finished within timeout_seconds=0.5"):
+                    run()
+                assert time.monotonic() - start >= 0.5
+    comm.Barrier()
+    strategy.close()

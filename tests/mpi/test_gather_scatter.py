@@ -7,7 +7,7 @@ import pytest
 from mpidist.collectives.reduce_scatter import block_rows
 from reference import ALGORITHMS, DTYPES, OPS, assert_same, make, reduce_all, valid
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
 
 def rows(rank: int) -> int:

@@ -40,7 +40,8 @@ from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 
 
 # without a GPU every test here runs on fake_cupy/fake_nccl: marked so, and counted apart in the summary
-pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes] + \
+    ([] if REAL_GPU else [pytest.mark.fake_gpu])
 
 CONFIGS = {"auto": ("auto", "auto"), "nccl": ("nccl", "auto"), "nccl-device": ("nccl", "yes"),
            "mpi-staged": ("ring", "no"), "mpi-device": ("ring", "yes")}

@@ -15,6 +15,7 @@ from horovod_support import data, run
 from mpidist.collectives.timeline import rank_path
 from mpidist.timeline import read_trace
 
+pytestmark = [pytest.mark.node_layout, pytest.mark.two_nodes]
 
 @pytest.fixture(scope="module", autouse=True)
 def initialized():

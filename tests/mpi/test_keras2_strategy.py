@@ -32,7 +32,7 @@ from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa
 from reference import CLIPS, assert_float32_close, clipping_acts  # noqa: E402
 
 keras = tf.keras
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
 GLOBAL_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
 TOL = 1e-5
 

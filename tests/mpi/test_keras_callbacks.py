@@ -18,7 +18,7 @@ keras = pytest.importorskip("keras")
 
 from reference import same_everywhere  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.two_nodes]
 GLOBAL_BATCH = 16
 
 

@@ -40,6 +40,7 @@ def test_async_equals_blocking_and_reference(eng, op):
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.node_layout  # algorithm=hierarchical
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_one_array_and_options(eng, dtype):
     op = "sum"

@@ -13,7 +13,7 @@ from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-s
 from reference import make, reduce_all
 
 
-pytestmark = [pytest.mark.mpi] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
 
 
 @pytest.mark.parametrize("implementation", ["auto", "ring"])

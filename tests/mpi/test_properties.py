@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from reference import assert_same, make, reduce_all
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
 DTYPES = [np.int8, np.int32, np.int64, np.uint16, np.float16, np.float32, np.float64, np.complex64, np.bool_]
 SETTINGS = settings(derandomize=True, database=None, max_examples=40, deadline=None, phases=[Phase.generate],

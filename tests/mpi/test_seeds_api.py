@@ -310,6 +310,7 @@ def test_module_functions_and_contexts(strategy, mode, comm):
     assert mpidist.get_loss_reduction() == mpidist.ReduceOp.MEAN
 
 
+@pytest.mark.node_layout  # replicas: this node's ranks
 def test_mirrored_strategy_with_nccl_all_reduce_extended(mode, comm):
     """strategy = MirroredStrategy(cross_device_ops=NcclAllReduce()); reduce_to / batch_reduce_to /
     broadcast_to through extended (the replicas: this node's ranks)."""

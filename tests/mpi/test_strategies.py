@@ -9,7 +9,7 @@ import mpidist
 from mpidist.errors import CollectiveMismatchError
 from reference import assert_same
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
 
 @pytest.fixture(autouse=True)

@@ -36,6 +36,7 @@ def replicas(name: str, comm, s) -> int:
     return comm.Get_size()
 
 
+@pytest.mark.node_layout  # MirroredStrategy: this node's ranks
 @pytest.mark.parametrize("name, cls_of", KINDS, ids=[k[0] for k in KINDS])
 def test_isinstance_holds_for_the_tensorflow_strategy(comm, name, cls_of):
     for framework in ("auto", "tensorflow"):
@@ -85,6 +86,7 @@ def test_close_frees_the_communicators_and_collectives_then_raise(comm):
     s.close()  # a second close does nothing
 
 
+@pytest.mark.node_layout  # MirroredStrategy: this node's ranks
 def test_with_block_closes(comm):
     with mpidist.tensorflow.MirroredStrategy() as s:
         assert s.reduce("MAX", tf.constant([1.0]), axis=None).numpy().tolist() == [1.0]

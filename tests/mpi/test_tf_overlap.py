@@ -79,6 +79,7 @@ def test_bucketed_equals_unbucketed(eng, comm, exact):
             np.testing.assert_array_equal(a.numpy(), t)
 
 
+@pytest.mark.node_layout  # flat on one node, hierarchical on fake nodes
 def test_bucketed_equals_unbucketed_across_the_hierarchical_threshold(eng, comm):
     """Buckets of 800 KB against one 2.4 MB pack: on fake nodes (MPIDIST_LOCAL_SIZE=2) the engine
     reduces the first flat and the second hierarchically (rc.hierarchical_threshold, 1 MiB); the

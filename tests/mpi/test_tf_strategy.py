@@ -22,7 +22,7 @@ from mpidist.tensorflow import XlaCollectiveError, _tf_private, make_strategy  #
 from late_rank import arrive_late, expiring  # noqa: E402
 from spying import SpyEngine  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.two_nodes]
 MODES = ["eager", "function"]
 
 
@@ -352,6 +352,7 @@ def test_errors_name_the_function_and_argument(strategy, eng):
             make_strategy("OneDeviceStrategy", eng, CommunicationOptions())
 
 
+@pytest.mark.node_layout  # MirroredStrategy: this node's ranks
 def test_other_kinds(eng, comm):
     from mpi4py import MPI
     one = make_strategy("OneDeviceStrategy", mpidist.Engine(MPI.COMM_SELF), CommunicationOptions(), devices="/cpu:0")

@@ -86,6 +86,7 @@ def test_every_collective_is_one_span_with_its_phases(comm, trace_dir):
     assert f"{comm.size} ranks" in meta["thread_name"]["name"]
 
 
+@pytest.mark.node_layout  # the steps depend on the nodes
 def test_hierarchical_steps_are_named(comm, trace_dir):
     """With the hierarchical algorithm the node and leaders steps show as separate transfers."""
     x = np.ones(4096, dtype=np.float32)

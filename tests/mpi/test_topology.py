@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import mpidist
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
 
 def test_clone_and_nodes(comm):

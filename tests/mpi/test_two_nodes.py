@@ -17,7 +17,7 @@ from mpidist.collectives.algorithms import hierarchical
 from reference import OPS, make, reduce_all, valid
 
 NODES = int(os.environ.get("MPITEST_REAL_NODES", "0"))
-pytestmark = [pytest.mark.mpi,
+pytestmark = [pytest.mark.mpi, pytest.mark.two_nodes,
               pytest.mark.skipif(not NODES, reason="needs the real two-node launch of tests/run (MPITEST_REAL_NODES)")]
 
 

@@ -1,4 +1,5 @@
-"""The last rank never arrives; rank 0 blocks in a strategy-level collective with a deadline.
+"""The last rank never arrives; rank 0 blocks in a strategy-level collective with a deadline
+(tests/launch/test_deadline_jobs.py runs gather; the other kinds pass here too).
 
 Usage: strategy_deadline.py reduce|gather|broadcast_to|dataset  (MPIDIST_TIMEOUT_SECONDS sets the deadline)
 The straggler works 3 s longer and ends normally; the others catch the error: the job exits 0.
