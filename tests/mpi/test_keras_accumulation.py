@@ -18,7 +18,7 @@ from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.tensorflow.keras)
 
 pytestmark = pytest.mark.mpi
-MICRO, STEPS, ROWS, EPOCHS = 16, 4, 64, 2  # 4 micro-batches of 16 = one update of 64, per epoch
+MICRO, STEPS, ROWS, EPOCHS = 12, 4, 48, 2  # 4 micro-batches of 12 = one update of 48, per epoch (multiples of 1-4 ranks)
 KERNEL = (8, 16)
 
 

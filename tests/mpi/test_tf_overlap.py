@@ -18,6 +18,7 @@ keras = pytest.importorskip("keras")
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow.classes import make_tf_strategy  # noqa: E402
 from mpidist.tensorflow import buckets  # noqa: E402
+from reference import assert_float32_close  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 SHAPES = [(37, 11), (11,), (64, 64), (64,), (300,), (5, 7, 3), (1,), (1000,)]
@@ -58,6 +59,23 @@ def test_plan_is_backprop_order_and_respects_the_bucket_size():
     assert buckets.plan(sizes[:3] + [None], 4096) == [[0, 1, 2, 3]]  # unknown size: no buckets
 
 
+def one_summation_order(comm) -> bool:
+    """Whether Open MPI 5 here sums an element's ranks in one order whatever the message size: at
+    1, 2 and 4 ranks it does (checked up to 24 MB at -n 4); at 3 ranks its algorithm, and so the
+    order of a float sum, changes with the message size (measured: a few elements 1 ulp apart)."""
+    size = comm.Get_size()
+    return size & (size - 1) == 0
+
+
+def assert_same_sum(comm, a, b, exact=False):
+    """Two reductions of the same data in differently sized messages: bit for bit where the order
+    of the sum cannot differ (exact sums, or one_summation_order), else within float32 rounding."""
+    if exact or one_summation_order(comm):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert_float32_close(a, b)
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_bucketed_equals_unbucketed(eng, comm, exact):
     strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
@@ -69,10 +87,7 @@ def test_bucketed_equals_unbucketed(eng, comm, exact):
     assert len(collective_ops(one.get_concrete_function(*xs))) == 1
     got, ref = bucketed(*xs), one(*xs)
     for a, b in zip(got, ref):
-        a, b = a.numpy(), b.numpy()
-        # bit for bit, random values too: Open MPI 5 here sums an element's ranks in one order
-        # whatever the message size (checked up to 24 MB at -n 4); see buckets.py for MPIs that don't
-        np.testing.assert_array_equal(a, b)
+        assert_same_sum(comm, a.numpy(), b.numpy(), exact)
     if exact:  # and both equal the single-process sum
         total = [sum(vs) for vs in zip(*(values(r, True) for r in range(comm.Get_size())))]
         for a, t in zip(got, total):
@@ -90,7 +105,7 @@ def test_bucketed_equals_unbucketed_across_the_hierarchical_threshold(eng, comm)
     bucketed = all_reduce_fn(strategy, CommunicationOptions(bytes_per_pack=512 * 1024))
     assert len(collective_ops(bucketed.get_concrete_function(*xs))) == 3
     for a, b in zip(bucketed(*xs), all_reduce_fn(strategy, ONE)(*xs)):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert_same_sum(comm, a.numpy(), b.numpy())
 
 
 def test_each_bucket_waits_only_for_its_own_tensors(eng, comm):
@@ -147,8 +162,8 @@ def test_buckets_keep_one_order_inside_cond_and_while(eng, comm):
         n = len(SHAPES)
         for got, t in zip(out[:n], total):
             np.testing.assert_array_equal(got.numpy(), t)
-        for got, t in zip(out[n:], total):
-            np.testing.assert_allclose(got.numpy(), t / size, rtol=1e-6)
+        for got, t in zip(out[n:], total):  # three rounds of v / size summed: float32 rounding, thrice
+            assert_float32_close(got.numpy(), t / size)
 
 
 def test_keras_fit_with_buckets_equals_without(eng, comm):
@@ -171,4 +186,4 @@ def test_keras_fit_with_buckets_equals_without(eng, comm):
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
         trained.append(model.get_weights())
     for a, b in zip(*trained):
-        np.testing.assert_array_equal(a, b)
+        assert_same_sum(comm, a, b)
