@@ -45,16 +45,19 @@ _NDARRAY = {np.ndarray}
 _DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
+def _signature(leaves: Any) -> tuple:
+    """Each leaf's type, dtype and shape (three ``map``s: no Python code per leaf)."""
+    return tuple(map(type, leaves)), tuple(map(_DTYPE, leaves)), tuple(map(_SHAPE, leaves))
+
+
 def _leaves_key(op: Any, kind: type, leaves: Any) -> tuple:
-    """The cache key of a list/tuple of arrays: op, container, each leaf's type, dtype and shape
-    (three ``map``s: no Python code per leaf)."""
-    return (op, kind, tuple(map(type, leaves)), tuple(map(_DTYPE, leaves)), tuple(map(_SHAPE, leaves)))
+    """The cache key of a list/tuple of arrays: op, container, then :func:`_signature`."""
+    return (op, kind, *_signature(leaves))
 
 
 def _dict_key(op: Any, value: dict) -> tuple:
-    """The cache key of a dict of arrays: its keys in their order, then as :func:`_leaves_key`."""
-    leaves = value.values()
-    return (op, tuple(value), tuple(map(type, leaves)), tuple(map(_DTYPE, leaves)), tuple(map(_SHAPE, leaves)))
+    """The cache key of a dict of arrays: op, its keys in their order, then :func:`_signature`."""
+    return (op, tuple(value), *_signature(value.values()))
 
 
 class FastPaths:
