@@ -144,7 +144,7 @@ class CrossDeviceOps:
     def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
         with gpu.implementation(*self._implementation(options)):
-            return self.engine.allreduce(value, op.value, options=self.engine_options(options))
+            return self.engine.allreduce(value, op, options=self.engine_options(options))
 
     def __repr__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self._packing().items())
@@ -167,7 +167,7 @@ class MPIAllReduce(CrossDeviceOps):
                 and host_arrays_only(value):
             # host arrays and nothing set per call: the engine's cached fast path, without building
             # per-call arguments (the implementation choice only concerns device arrays)
-            return self.engine.allreduce(value, op.value)
+            return self.engine.allreduce(value, op)
         return super().all_reduce_local(op, value, options, where)
 
 
@@ -226,7 +226,7 @@ class ReductionToOneDevice(CrossDeviceOps):
             raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
                              f"{engine.size} ranks")
         with gpu.implementation(*self._implementation(options)):
-            reduced = engine.reduce(value, op.value, root=self.root, timeout_seconds=timeout)
+            reduced = engine.reduce(value, op, root=self.root, timeout_seconds=timeout)
             return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root,
                                     timeout_seconds=timeout)
 

@@ -105,10 +105,11 @@ def reduce_along_axis(engine: Engine, op: ReduceOp, value: Any, axis: Any, optio
     axes = [_axes(axis, a.ndim, where) for a in arrays]
     partial = [_local_reduce(a, op, k) for a, k in zip(arrays, axes)]
     if op is not ReduceOp.MEAN:
-        reduced = engine.allreduce(partial, op.value, options=options)
+        reduced = engine.allreduce(partial, op, options=options)
         return nest.unflatten(tree, reduced)
     counts = np.array([int(np.prod([a.shape[k] for k in ks])) for a, ks in zip(arrays, axes)], dtype=np.int64)
-    sums, total = engine.allreduce((partial, counts), "sum", options=options)  # device sums, host counts: one call
+    # device sums, host counts: one call
+    sums, total = engine.allreduce((partial, counts), ReduceOp.SUM, options=options)
     results = []
     for s, n, a in zip(sums, total.tolist(), arrays):
         xp = _xp(s)

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..collectives.gpu.cupy_arrays import is_device_array
+from ..collectives.ops import ReduceOp
 from ..collectives.options import CallOptions  # the engine's one per-call options type
 from ..errors import CollectiveMismatchError
 from . import _tf_private, deadline_op, gpu_bridge, xla_record
@@ -160,9 +161,9 @@ def _one_or_list(arrays: list[np.ndarray]) -> Any:
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-def allreduce(engine: Any, tensors: Sequence[Any], op: str, options: CallOptions = DEFAULT,
+def allreduce(engine: Any, tensors: Sequence[Any], op: ReduceOp, options: CallOptions = DEFAULT,
               where: str = "all_reduce") -> list[tf.Tensor]:
-    """Reduce every tensor over all ranks of ``engine`` with ``op`` ("sum", "mean", ...)."""
+    """Reduce every tensor over all ranks of ``engine`` with ``op``."""
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         result = engine.allreduce(_one_or_list(arrays), op, options=options)
         return _reshaped([result] if len(arrays) == 1 else result, arrays)
@@ -241,7 +242,7 @@ def any_rank(engine: Any, flag: Any, options: CallOptions = DEFAULT, where: str 
     ``tf.function``, the op raises ``tf.errors.OutOfRangeError`` on every rank instead of giving
     False (a ``tf.numpy_function`` raising StopIteration does that)."""
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        result = np.asarray(engine.allreduce(arrays[0], "max", options=options)).reshape(1)
+        result = np.asarray(engine.allreduce(arrays[0], ReduceOp.MAX, options=options)).reshape(1)
         if stop and not result[0]:
             raise StopIteration(f"{where}: no rank has data left (end of sequence on every rank)")
         return [result]

@@ -99,7 +99,7 @@ def batch_reduce(ops: Any, op: ReduceOp, values: Sequence[Any], options: CallOpt
                  where: str) -> list[Any]:
     """Every value of ``values`` (each a nest) reduced over all ranks, in ONE bridge call."""
     nests, tensors = _flat(values, where)
-    reduced = collectives.allreduce(OpsEngine(ops, options), tensors, op.value.lower(),
+    reduced = collectives.allreduce(OpsEngine(ops, options), tensors, op,
                                     _bridge_options(ops, options), where)
     out, start = [], 0
     for value, nest in zip(values, nests):

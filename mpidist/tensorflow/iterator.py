@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..collectives.ops import ReduceOp
 from . import _tf_private, collectives
 
 Optional = tf.experimental.Optional
@@ -159,7 +160,7 @@ class MPIDistributedIterator(tf.distribute.DistributedIterator, _tf_private.Comp
             except tf.errors.OutOfRangeError:
                 self._exhausted = True
         flag = np.array([value is not None], dtype=np.int32)
-        if not np.asarray(shared.engine.allreduce(flag, "max", options=shared.call)).reshape(1)[0]:
+        if not np.asarray(shared.engine.allreduce(flag, ReduceOp.MAX, options=shared.call)).reshape(1)[0]:
             return None
         if value is None:
             if self._empty is None:

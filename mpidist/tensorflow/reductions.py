@@ -24,15 +24,10 @@ from .collectives import CallOptions
 _LOCAL: dict[ReduceOp, Callable[..., tf.Tensor]] = {
     ReduceOp.SUM: tf.reduce_sum, ReduceOp.MIN: tf.reduce_min, ReduceOp.MAX: tf.reduce_max,
     ReduceOp.PROD: tf.reduce_prod}
-_ENGINE_OP = {op: op.value.lower() for op in ReduceOp}
 
 def parse_op(op: Any, where: str) -> ReduceOp:
     """``op`` as mpidist's ReduceOp: one, a name in any case, or TensorFlow's ReduceOp."""
     return as_reduce_op(op, where)
-
-
-def engine_op(op: ReduceOp) -> str:
-    return _ENGINE_OP[op]
 
 
 def parse_axis(axis: Any, where: str) -> int | tuple[int, ...] | None:
@@ -86,7 +81,7 @@ def reduce_tensors(engine: Any, op: ReduceOp, tensors: Sequence[tf.Tensor], axis
     """Reduce every tensor over all ranks (and along ``axis`` when given) in ONE engine call."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if axis is None:  # in buckets, backprop order first (buckets.py): each its own collective op
-        return buckets.run_bucketed(lambda part: collectives.allreduce(engine, part, engine_op(op), options, where),
+        return buckets.run_bucketed(lambda part: collectives.allreduce(engine, part, op, options, where),
                                     tensors, options)
     tensors = [tf.reshape(t, [1]) if t.shape.rank == 0 and axis in (0, -1, (0,), (-1,)) else t for t in tensors]
     for i, t in enumerate(tensors):
@@ -94,11 +89,11 @@ def reduce_tensors(engine: Any, op: ReduceOp, tensors: Sequence[tf.Tensor], axis
     if op is ReduceOp.MEAN:
         sums = [tf.reduce_sum(t, axis=axis) for t in tensors]
         counts = [_count(t, axis) for t in tensors]
-        reduced = collectives.allreduce(engine, sums + counts, "sum", options, where)
+        reduced = collectives.allreduce(engine, sums + counts, ReduceOp.SUM, options, where)
         n = len(tensors)
         return [tf.math.truediv(s, tf.cast(c, s.dtype)) for s, c in zip(reduced[:n], reduced[n:])]
     local = [_LOCAL[op](t, axis=axis) for t in tensors]
-    return collectives.allreduce(engine, local, engine_op(op), options, where)
+    return collectives.allreduce(engine, local, op, options, where)
 
 
 def merge_options(base: CommunicationOptions, override: Any, where: str) -> CallOptions:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...collectives import Engine
+from ...collectives.ops import ReduceOp
 from ...errors import CollectiveMismatchError
 
 ALLREDUCE = "allreduce"
@@ -38,7 +39,7 @@ def _exchange(engine: Engine, joined: bool, new: bool) -> np.ndarray:
         word = np.array([1, 0, engine.size, -(engine.rank + 1) if new else 0], np.int32)
     else:
         word = np.array([0, 1, engine.rank, 0], np.int32)
-    return np.asarray(engine.allreduce(word, "min"))
+    return np.asarray(engine.allreduce(word, ReduceOp.MIN))
 
 
 def _describe(kind: str, value: Any, op: Any) -> tuple:
@@ -74,7 +75,7 @@ def _share(engine: Engine, root: int, description: tuple | None) -> tuple:
 def _agree(engine: Engine, ok: bool, mine: tuple | None, root: int, theirs: tuple) -> None:
     """After a description was shared: every rank checks it issued the same collective (one more
     small allreduce, only while a rank has joined), so a mismatch is an error on every rank."""
-    if not np.asarray(engine.allreduce(np.array([int(ok)], np.int32), "min"))[0]:
+    if not np.asarray(engine.allreduce(np.array([int(ok)], np.int32), ReduceOp.MIN))[0]:
         def what(d: tuple) -> str:
             return d[0] if d[2] is None else f"{d[0]} {d[2]}"
         this = "has joined" if mine is None else f"issued {what(mine)}"

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ...collectives.ops import finish_mean
+from ...collectives.ops import ReduceOp, finish_mean
 from . import joins, runner
 from .process_sets import ProcessSet
 from .reduce_ops import engine_op
@@ -53,7 +53,7 @@ def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name
         exact = exact_average and red == "mean" and any(a.dtype == np.float32 for a in arrays)
         half_mean = not exact_average and red == "mean" and any(a.dtype == np.float16 for a in arrays)
         sent = [a.astype(np.float64) if a.dtype == np.float32 else a for a in arrays] if exact else arrays
-        out = joins.allreduce(engine, sent[0] if len(sent) == 1 else sent, "sum" if half_mean else red)
+        out = joins.allreduce(engine, sent[0] if len(sent) == 1 else sent, ReduceOp.SUM if half_mean else red)
         out = [out] if len(arrays) == 1 else list(out)
         out = [np.asarray(r).reshape(a.shape).astype(a.dtype, copy=False) for r, a in zip(out, arrays)]
         return [_mean(r, engine.size) for r in out] if half_mean else out

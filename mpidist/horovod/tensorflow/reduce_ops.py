@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...collectives.ops import ReduceOp
+
 Average = 0
 Sum = 1
 Adasum = 2
@@ -11,7 +13,7 @@ Max = 4
 Product = 5
 
 _NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
-_ENGINE = {Average: "mean", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+_ENGINE = {Average: ReduceOp.MEAN, Sum: ReduceOp.SUM, Min: ReduceOp.MIN, Max: ReduceOp.MAX, Product: ReduceOp.PROD}
 
 
 def handle_average_backwards_compatibility(op: Any, average: Any) -> int:
@@ -25,8 +27,8 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> int:
     return Average
 
 
-def engine_op(op: Any, where: str) -> str:
-    """The engine's name for Horovod op ``op``; Adasum is not implemented."""
+def engine_op(op: Any, where: str) -> ReduceOp:
+    """The engine's ReduceOp for Horovod op ``op``; Adasum is not implemented."""
     if op == Adasum:
         raise NotImplementedError(f"{where}: op=Adasum is not supported by mpidist.horovod "
                                   f"(use Average or Sum)")

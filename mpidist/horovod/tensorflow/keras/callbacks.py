@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from ....collectives.ops import ReduceOp
 from ....tensorflow.keras import flavor
 from .. import basics, joins
 from ..objects import allgather_object  # noqa: F401 - kept for users of horovod.keras.callbacks
@@ -91,7 +92,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not names:
             return
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        averaged = joins.allreduce(engine, values, "mean")
+        averaged = joins.allreduce(engine, values, ReduceOp.MEAN)
         for k, v in zip(names, np.asarray(averaged).tolist()):
             logs[k] = v
 
