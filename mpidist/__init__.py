@@ -3,7 +3,7 @@
 Replace ``tf.distribute`` with ``mpidist`` (and ``tf.distribute.experimental`` with
 ``mpidist.experimental``) and launch with mpirun/srun: one rank hosts one replica.
 """
-from . import cluster_resolver, elastic, errors, experimental, numpy, overlap
+from . import cluster_resolver, elastic, errors, experimental, overlap
 from ._config import rc
 from ._version import __version__
 from .collectives import Engine, Op  # Op is ReduceOp: one class, defined in collectives
@@ -51,6 +51,6 @@ __all__ = ["__version__", "rc", "errors", "Topology", "Engine", "Op",
            "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext", "Strategy",
            "StrategyExtended", "experimental_set_strategy", "get_loss_reduction", "get_replica_context",
            "get_strategy", "has_strategy", "in_cross_replica_context", "DistributedDataset", "DistributedIterator",
-           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver", "numpy",
+           "InputContext", "InputOptions", "InputReplicationMode", "experimental", "cluster_resolver",
            "elastic",
            "overlap"]

@@ -26,8 +26,8 @@ reduced over the same ranks as with one all-reduce of all gradients, so results 
 bit where MPI sums an element's ranks in the same order whatever the message size (docs/overlap.md).
 
 Gradients must not be changed between ``add`` and ``result()`` (their all-reduce reads them on the
-progress thread). Works in NumPy mode (``mpidist.numpy`` strategies, or strategies built without
-TensorFlow imported) and on an :class:`~mpidist.collectives.Engine`; in TensorFlow mode the
+progress thread). Works in NumPy mode (strategies built without TensorFlow imported, or with
+``rc.framework="numpy"``) and on an :class:`~mpidist.collectives.Engine`; in TensorFlow mode the
 strategies bucket ``all_reduce`` inside ``tf.function`` already.
 """
 from __future__ import annotations
@@ -91,8 +91,9 @@ class GradientBuckets:
             strategy = get_strategy() if strategy is None else strategy
             extended = getattr(strategy, "extended", None)
             if not isinstance(extended, StrategyExtended):
-                raise TypeError(f"{where}: `strategy` must be an mpidist strategy in NumPy mode (mpidist.numpy.*, or "
-                                f"built without TensorFlow imported; in TensorFlow mode all_reduce inside "
+                raise TypeError(f"{where}: `strategy` must be an mpidist strategy in NumPy mode "
+                                f"(built without TensorFlow imported, or with rc.framework=\"numpy\"; "
+                                f"in TensorFlow mode all_reduce inside "
                                 f"tf.function is bucketed already), got {type(strategy).__name__}")
             extended.check_open(where)
             self._engine = extended.engine

@@ -145,9 +145,9 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, before: Any) -> tuple[dict, dict]:
+    import mpidist
     from mpidist.experimental import CommunicationOptions
-    from mpidist.tensorflow import buckets, make_strategy
-
+    from mpidist.tensorflow import buckets
     rank = engine.rank
     rng = np.random.default_rng(rank)
     x = tf.constant(rng.normal(size=(args.batch, args.inputs)).astype(np.float32))
@@ -165,7 +165,7 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
         return tf.function(lambda xb, yb: strategy.run(replica, args=(xb, yb)), autograph=False)
 
     options = CommunicationOptions(bytes_per_pack=args.bucket_bytes) if args.bucket_bytes else CommunicationOptions()
-    after = make_strategy("MultiWorkerMirroredStrategy", engine, options)
+    after = mpidist.MultiWorkerMirroredStrategy.on_engine(engine, options)
     with after.scope():
         model_after, opt_after = mlp(keras, args), keras.optimizers.SGD(1e-4)
     step_after = trained_step(after, model_after, opt_after)
@@ -209,9 +209,8 @@ def step_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace, befor
 
 def accumulation_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespace) -> tuple[dict, dict]:
     """model.fit steps with gradient_accumulation_steps=4 and without; collectives counted."""
+    import mpidist
     from mpidist.experimental import CommunicationOptions
-    from mpidist.tensorflow import make_strategy
-
     counted: list[bool] = []  # per engine all-reduce: does it carry gradients (a kernel)?
     real = engine.allreduce
     kernels = {(args.inputs, args.width), (args.width, args.width), (args.width, 10)}
@@ -222,7 +221,7 @@ def accumulation_cases(tf: Any, keras: Any, engine: Any, args: argparse.Namespac
         return real(value, *a, **k)
 
     engine.allreduce = allreduce
-    strategy = make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions())
+    strategy = mpidist.MultiWorkerMirroredStrategy.on_engine(engine, CommunicationOptions())
     rng = np.random.default_rng(engine.rank)
     steps = 4
     n = args.batch * steps * 8

@@ -85,8 +85,9 @@ def cases(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
     from mpidist.experimental import CommunicationOptions
     from mpidist.overlap import GradientBuckets
 
-    strategy = mpidist.numpy.MultiWorkerMirroredStrategy(
-        communication_options=CommunicationOptions(bytes_per_pack=args.bucket_bytes))
+    with mpidist.rc.override(framework="numpy"):
+        strategy = mpidist.MultiWorkerMirroredStrategy(
+            communication_options=CommunicationOptions(bytes_per_pack=args.bucket_bytes))
     rank, size = strategy.extended.rank, strategy.num_replicas_in_sync
     rng = np.random.default_rng(rank)
     x = rng.normal(size=(args.batch, args.inputs)).astype(np.float32)

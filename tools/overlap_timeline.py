@@ -151,11 +151,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import mpidist
     from mpidist.collectives import timeline
-    from mpidist.tensorflow import make_strategy
-
     mpidist.rc.timeline = args.trace  # what MPIDIST_TIMELINE sets (mpidist is imported already)
     engine = mpidist.Engine(comm)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", engine, mpidist.experimental.CommunicationOptions())
+    strategy = mpidist.MultiWorkerMirroredStrategy.on_engine(engine, mpidist.experimental.CommunicationOptions())
     recorder = timeline.recorder()
     if recorder is None:  # rc.timeline was set just above
         raise RuntimeError(f"tools.overlap_timeline: no timeline recorder for --trace {args.trace!r}")

@@ -261,14 +261,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import mpidist
     from mpidist.experimental import CommunicationOptions
-    from mpidist.tensorflow import make_strategy
-
     parts = set(args.cases.split(","))
     mwms = None
     if comm.Get_size() > 1 and not args.no_mwms and parts & {"allreduce", "step"}:
         mwms = tf_own_mwms(tf)
     engine = mpidist.Engine(comm)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions())
+    strategy = mpidist.MultiWorkerMirroredStrategy.on_engine(engine, CommunicationOptions())
     results: dict[str, Any] = {"ranks": comm.Get_size(), "threads": args.threads or "TensorFlow's default"}
     if "allreduce" in parts:
         results["allreduce 4 KB (ms)"] = compare(

@@ -56,13 +56,11 @@ def run(sizes: list[int], seconds: float, mwms: bool) -> list[dict[str, Any]]:
 
     import mpidist
     from mpidist.experimental import CommunicationOptions
-    from mpidist.tensorflow import make_strategy
-
     strategies: dict[str, Any] = {}
     if mwms and comm.Get_size() > 1:  # first: TF's collectives must be configured at program start
         strategies["TF MWMS"] = tf_own_mwms(tf)
     engine = mpidist.Engine(comm)
-    strategies = {"mpidist": make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions()),
+    strategies = {"mpidist": mpidist.MultiWorkerMirroredStrategy.on_engine(engine, CommunicationOptions()),
                   **strategies}
     raw = comm.Dup()
     rows = []

@@ -59,7 +59,8 @@ def load_before(path: str, name: str = "mpidist_before") -> ModuleType:
 def _paths(package: Any, x: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
     """The three mpidist cases of one package (this one or ``--before``'s), each returning the
     reduced value (``x``: an array or a list of them), and its strategy."""
-    strategy = package.numpy.MultiWorkerMirroredStrategy()
+    with package.rc.override(framework="numpy"):  # an older package (--before) has mpidist.numpy instead
+        strategy = getattr(package, "numpy", package).MultiWorkerMirroredStrategy()
     engine = strategy.extended.engine
     replica_context = package.get_replica_context
 

@@ -16,8 +16,9 @@ import statistics
 import numpy as np
 from mpi4py import MPI
 
-from .. import numpy
+from .._config import rc
 from ..collectives import Engine
+from ..frameworks import MultiWorkerMirroredStrategy
 from ..strategies import get_replica_context
 from .timing import compare, fmt_size, paired_ratios, parse_size, samples
 
@@ -55,7 +56,8 @@ def run(sizes: list[int], nest_count: int, seconds: float, comm: MPI.Intracomm |
             res = np.empty_like(buf)
             raw.Allreduce(buf, res)
             return np.split(res, nest_count)
-        strategy = numpy.MultiWorkerMirroredStrategy(comm=comm)
+        with rc.override(framework="numpy"):
+            strategy = MultiWorkerMirroredStrategy(comm=comm)
 
         def in_replica() -> object:
             context = get_replica_context()

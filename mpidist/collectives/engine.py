@@ -293,6 +293,11 @@ class Engine:
         """Free the engine's communicators (collective). The caller's communicator is untouched."""
         self.pipeline.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` freed the engine's communicators (through any strategy sharing it)."""
+        return self.topology.comm is None
+
     # -- shared steps --------------------------------------------------------------------------------
 
     @staticmethod

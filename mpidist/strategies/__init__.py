@@ -1,13 +1,8 @@
-"""Strategies layer: contexts, Strategy/StrategyExtended, the concrete strategies (always on NumPy;
-the public classes that choose the framework are in mpidist.frameworks)."""
-from .base import Strategy, StrategyExtended
-from .concrete import (
-                       CentralStorageStrategy,
-                       ExperimentalMultiWorkerMirroredStrategy,
-                       MirroredStrategy,
-                       MultiWorkerMirroredStrategy,
-                       OneDeviceStrategy,
-)
+"""Strategies layer: contexts, Strategy/StrategyExtended (the NumPy implementation every public
+strategy class builds on) and what each strategy is built from (parts.py); the public classes are in
+mpidist.frameworks."""
+from . import parts
+from .base import CentralStorageExtended, Strategy, StrategyExtended
 from .context import (
                        ReplicaContext,
                        experimental_set_strategy,
@@ -17,7 +12,6 @@ from .context import (
 )
 from .default import get_replica_context, get_strategy
 
-__all__ = ["Strategy", "StrategyExtended", "CentralStorageStrategy", "ExperimentalMultiWorkerMirroredStrategy",
-           "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy", "ReplicaContext",
+__all__ = ["Strategy", "StrategyExtended", "CentralStorageExtended", "parts", "ReplicaContext",
            "experimental_set_strategy", "get_loss_reduction", "get_replica_context", "get_strategy",
            "has_strategy", "in_cross_replica_context"]

@@ -1,15 +1,15 @@
 """Strategy and StrategyExtended without TensorFlow: one replica per rank, values are NumPy (or
 anything the engine's array adapters take).
 
-The classes here always build on NumPy. The public classes (``mpidist.frameworks``, the top layer)
-build mpidist's genuine ``tf.distribute.Strategy`` instead when TensorFlow is in use; the API is the
-same, and ``StrategyType`` keeps ``isinstance(s, mpidist.MultiWorkerMirroredStrategy)`` true for
-either (docs/design.md, "Strategies in two modes").
+This is the NumPy implementation of every strategy, and the base of the public classes
+(concrete.py). With TensorFlow in use a public class builds its TensorFlow subclass instead
+(``mpidist.tensorflow.X``, which derives from it and from ``tf.distribute.Strategy``): ordinary
+classes, so ``isinstance``, ``type``, ``copy.deepcopy`` and pickling of the class behave as for
+any Python class (docs/design.md, "Strategies in two modes").
 """
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Callable, Iterator
 
 from mpi4py import MPI
@@ -29,65 +29,6 @@ from ..input import api as input_api
 from ..values import PerReplica, ValueContext
 from . import context
 from .reductions import gather_along_axis, map_local, reduce_along_axis
-
-# A strategy built on another framework -> the mpidist class whose constructor built it.
-_built_by: weakref.WeakKeyDictionary[Any, type] = weakref.WeakKeyDictionary()
-# class -> (the framework it stands for, the class whose instances it narrows): class keyword `framework=`
-_frameworks: dict[type, tuple[str, type]] = {}
-FRAMEWORKS = ("auto", "numpy", "tensorflow")
-
-
-class StrategyType(type):
-    """The metaclass of mpidist's strategies.
-
-    A constructor may return a strategy of another framework (mpidist's genuine
-    ``tf.distribute.Strategy``), which cannot also derive from this module's classes. This metaclass
-    remembers which class built such an object, so that ``isinstance(s, C)`` is true when ``C`` is
-    that class or one of its bases (``mpidist.Strategy`` included), in both modes.
-
-    A subclass declared with ``framework=`` narrows or widens its base class ``B`` (the nearest
-    strategy class without that keyword): ``"numpy"`` / ``"tensorflow"``: its instances are the
-    ``B`` strategies built on that framework (``mpidist.numpy.X``, ``mpidist.tensorflow.X``), however
-    they were built; ``"auto"``: every ``B`` strategy (the public classes, which choose the framework
-    when called: ``mpidist.frameworks``), and ``issubclass`` answers as for ``B``.
-    """
-
-    def __new__(mcs, name: str, bases: tuple, namespace: dict, framework: str | None = None) -> StrategyType:
-        cls = super().__new__(mcs, name, bases, namespace)
-        inherited = next((_frameworks[b][0] for b in bases if b in _frameworks), None)
-        framework = framework or inherited
-        if framework is not None:
-            if framework not in FRAMEWORKS:
-                raise ValueError(f"{name}: `framework` must be one of {', '.join(map(repr, FRAMEWORKS))}, "
-                                 f"got {framework!r}")
-            base = next(c for c in cls.__mro__[1:] if isinstance(c, StrategyType) and c not in _frameworks)
-            _frameworks[cls] = (framework, base)
-        return cls
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        strategy = super().__call__(*args, **kwargs)
-        if not type.__instancecheck__(cls, strategy):  # built on TensorFlow: not one of ours by type
-            _built_by[strategy] = cls
-        return strategy
-
-    def __instancecheck__(cls, instance: Any) -> bool:
-        if cls in _frameworks:  # mpidist.X (auto), mpidist.numpy.X, mpidist.tensorflow.X: mpidist.X on that framework
-            framework, base = _frameworks[cls]
-            if not isinstance(instance, base):
-                return False
-            return framework == "auto" or type.__instancecheck__(Strategy, instance) == (framework == "numpy")
-        if type.__instancecheck__(cls, instance):
-            return True
-        try:
-            built_by = _built_by.get(instance)
-        except TypeError:  # neither hashable nor weakly referenceable: not one we built
-            return False
-        return built_by is not None and issubclass(built_by, cls)
-
-    def __subclasscheck__(cls, subclass: type) -> bool:
-        if cls in _frameworks and _frameworks[cls][0] == "auto":
-            return issubclass(subclass, _frameworks[cls][1])
-        return type.__subclasscheck__(cls, subclass)
 
 
 class StrategyExtended:
@@ -111,6 +52,11 @@ class StrategyExtended:
     def options(self) -> CommunicationOptions:
         """The strategy's CommunicationOptions (the defaults of every call)."""
         return self._options
+
+    @property
+    def cross_device_ops(self) -> CrossDeviceOps:
+        """The CrossDeviceOps reductions and broadcasts run through (bound to the engine)."""
+        return self._cross_device_ops
 
     @property
     def default_call_options(self) -> CallOptions:
@@ -209,19 +155,31 @@ class StrategyExtended:
         return value
 
 
-class Strategy(metaclass=StrategyType):
+class CentralStorageExtended(StrategyExtended):
+    """Variables and updates live on the chief: updates run on rank 0, then rank 0's result is
+    broadcast; reductions go to rank 0 and back (ReductionToOneDevice)."""
+
+    def update(self, var: Any, fn: Any, args: tuple = (), kwargs: dict | None = None, group: bool = True) -> Any:
+        result = super().update(var, fn, args, kwargs, group) if self.rank == 0 else var
+        return self._cross_device_ops.broadcast(result if result is not None else var)
+
+
+class Strategy:
     """A distribution strategy whose replicas are the ranks of a communicator.
 
     ``close()`` (or the end of a ``with strategy:`` block) frees the communicators its engine
     cloned; it is collective over the strategy's ranks.
     """
 
-    _extended_class = StrategyExtended
+    update_on_chief = False
+    """Whether variables and their updates live on the chief (CentralStorageStrategy): read by both
+    implementations (here: CentralStorageExtended; on TensorFlow: MPIExtended)."""
 
     def __init__(self, engine: Engine, options: CommunicationOptions,
                  cross_device_ops: CrossDeviceOps | None = None, cluster_resolver: Any = None) -> None:
         self._closed = False
-        self._extended = self._extended_class(self, engine, options, cross_device_ops)
+        extended_class = CentralStorageExtended if self.update_on_chief else StrategyExtended
+        self._extended = extended_class(self, engine, options, cross_device_ops)
         self._cluster_resolver = cluster_resolver
 
     @property
@@ -231,13 +189,13 @@ class Strategy(metaclass=StrategyType):
 
     @property
     def closed(self) -> bool:
-        """Whether ``close()`` has run: collectives then raise."""
-        return self._closed
+        """Whether ``close()`` has run (on this strategy or a copy sharing its engine): collectives then raise."""
+        return self._closed or self._extended.engine.closed
 
     def close(self) -> None:
         """Free the communicators of this strategy's engine (collective: every rank of the strategy
         calls it). Collectives raise afterwards; closing again does nothing."""
-        if not self._closed:
+        if not self.closed:
             self._closed = True
             self._extended.engine.close()
 
@@ -320,9 +278,23 @@ class Strategy(metaclass=StrategyType):
         """An in-memory dataset of examples along axis 0; ``.batch(global_batch_size)`` it."""
         return input_api.make_numpy_dataset(self, numpy_input)
 
-    def default_replica_context(self) -> context.ReplicaContext:
-        """The replica context outside ``run`` (replica id: this rank)."""
-        return context.ReplicaContext(self, self._extended.rank)
+    def __deepcopy__(self, memo: dict) -> Strategy:
+        """A strategy of the same class on the same engine (its communicators are shared, not
+        copied: closing either closes both), as TensorFlow copies its strategies."""
+        copy = object.__new__(type(self))
+        ext = self._extended
+        Strategy.__init__(copy, ext.engine, ext.options, ext.cross_device_ops, self._cluster_resolver)
+        memo[id(self)] = copy
+        return copy
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(pickling_refused(self))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_replicas_in_sync={self.num_replicas_in_sync})"
+
+
+def pickling_refused(strategy: Any) -> str:
+    """The message of every strategy's refusal to be pickled (NumPy and TensorFlow)."""
+    return (f"{type(strategy).__name__}: a strategy holds MPI communicators and cannot be pickled; build "
+            f"it in each process (its class pickles: pickle.dumps(type(strategy)))")

@@ -48,5 +48,6 @@ def get_replica_context() -> context.ReplicaContext | None:
         tfd = context.tf_distribute()
         if tfd is not None and tfd.has_strategy():
             return tfd.get_replica_context()
-        return get_strategy().default_replica_context()
+        strategy = get_strategy()  # the default strategy: NumPy's, whose replica id is this rank
+        return context.ReplicaContext(strategy, strategy.extended.rank)
     return top[1]

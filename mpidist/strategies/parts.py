@@ -1,11 +1,10 @@
-"""The concrete strategies, with TensorFlow's constructor signatures plus ``comm=``.
+"""What each strategy is built from: its engine, options, cross-device ops, cluster resolver and the
+rest, from TensorFlow's constructor arguments plus ``comm=``.
 
-Each builds its engine from MPI: MultiWorkerMirrored and CentralStorage over the whole
-communicator, Mirrored over the ranks of this node, OneDevice over this rank alone. These classes
-always build on NumPy. Their ``_setup`` (engine, options, cross-device ops, resolver, the rest) is
-shared with the TensorFlow classes (``mpidist.tensorflow.X``, which build mpidist's genuine
-``tf.distribute.Strategy`` from it); the public classes (``mpidist.X``, mpidist/frameworks.py)
-choose between the two when called.
+MultiWorkerMirrored and CentralStorage build their engine over the whole communicator, Mirrored over
+the ranks of this node, OneDevice over this rank alone. The public classes (mpidist/frameworks.py)
+call these builders from their constructors, on NumPy and on TensorFlow alike; building is collective
+(the engine clones the communicator) and binds this rank's GPU where the program uses CuPy.
 """
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ from ..cross_device import (
 )
 from ..errors import GpuUnavailableError
 from ..topology import Topology, validate_comm
-from .base import Strategy, StrategyExtended
 
 _log = logging.getLogger("mpidist")
 
@@ -77,113 +75,44 @@ def _bind_gpu(engine: Engine) -> None:
 Parts = tuple[Engine, CommunicationOptions, "CrossDeviceOps | None", Any, dict[str, Any]]
 
 
-class _Concrete(Strategy):
-    """A strategy built from its constructor's arguments; subclasses define ``_setup``, which
-    builds the engine (collective), binds this rank's GPU and returns the parts (``Parts``) that
-    the NumPy strategy here and the TensorFlow one (``mpidist.tensorflow.X``) are made of."""
-
-    _kind = ""  # the TensorFlow strategy this class stands for (mpidist.tensorflow.KINDS)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        engine, options, cross_ops, resolver, _ = self._setup(*args, **kwargs)
-        super().__init__(engine, options, cross_ops, resolver)
-
-    @classmethod
-    def _setup(cls, *args: Any, **kwargs: Any) -> Parts:
-        raise NotImplementedError
-
-
-class MultiWorkerMirroredStrategy(_Concrete):
-    """Synchronous data parallelism over every rank of ``comm`` (default COMM_WORLD).
-
-    ``MultiWorkerMirroredStrategy(cluster_resolver=None, communication_options=None, *, comm=None)``.
-    """
-
-    _kind = "MultiWorkerMirroredStrategy"
-
-    @classmethod
-    def _setup(cls, cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None,
-               _communication: Any = None) -> Parts:
-        where = cls.__name__
-        comm = validate_comm(_resolver_comm(cluster_resolver, comm, where), where)
-        options = as_options(communication_options, where)
-        if _communication is not None:
-            options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, _communication,
-                                           compression=options.compression)
-        engine = Engine(comm)
-        _check_implementation(options, engine, where)
-        _bind_gpu(engine)
-        return engine, options, MPIAllReduce(), _default_resolver(cluster_resolver, comm), {}
+def multi_worker(where: str, cluster_resolver: Any = None, communication_options: Any = None, comm: Any = None,
+                 communication: Any = None) -> Parts:
+    """MultiWorkerMirroredStrategy: every rank of ``comm`` (default COMM_WORLD) or of the resolver's;
+    ``communication``: the experimental class's first argument (a CommunicationImplementation)."""
+    comm = validate_comm(_resolver_comm(cluster_resolver, comm, where), where)
+    options = as_options(communication_options, where)
+    if communication is not None:
+        options = CommunicationOptions(options.bytes_per_pack, options.timeout_seconds, communication,
+                                       compression=options.compression)
+    engine = Engine(comm)
+    _check_implementation(options, engine, where)
+    _bind_gpu(engine)
+    return engine, options, MPIAllReduce(), _default_resolver(cluster_resolver, comm), {}
 
 
-class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
-    """``tf.distribute.experimental.MultiWorkerMirroredStrategy(communication=AUTO, cluster_resolver=None,
-    communication_options=None)``, plus ``comm=``."""
-
-    # TensorFlow's experimental class takes `communication` first, and isinstance(s, MWMS) must hold:
-    # a subclass with another constructor signature, on purpose
-    @classmethod
-    def _setup(cls, communication: Any = CommunicationImplementation.AUTO,  # type: ignore[override]  # see above
-               cluster_resolver: Any = None, communication_options: Any = None, *, comm: Any = None) -> Parts:
-        return super()._setup(cluster_resolver, communication_options, comm=comm, _communication=communication)
-
-
-class MirroredStrategy(_Concrete):
-    """Synchronous data parallelism over the ranks of this node (one replica per rank).
-
-    ``MirroredStrategy(devices=None, cross_device_ops=None, *, comm=None)``: the replicas are the ranks
-    of ``comm`` (default COMM_WORLD) that share this node. ``devices`` may name at most one device:
-    launch one rank per device.
-    """
-
-    _kind = "MirroredStrategy"
-
-    @classmethod
-    def _setup(cls, devices: Any = None, cross_device_ops: Any = None, *, comm: Any = None) -> Parts:
-        where = cls.__name__
-        if devices is not None and len(list(devices)) > 1:
-            raise ValueError(f"{where}: `devices` lists {len(list(devices))} devices, but each rank hosts one "
-                             f"replica; launch one rank per device (mpirun -n <devices>) and pass at most one")
-        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
-            raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps "
-                            f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
-                            f"got {type(cross_device_ops).__name__}")
-        topology = Topology(validate_comm(comm, where))
-        engine = Engine(cast(MPI.Intracomm, topology.local))  # clones the node's communicator: ours can go
-        topology.free()
-        _bind_gpu(engine)
-        return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}
+def mirrored(where: str, devices: Any = None, cross_device_ops: Any = None, comm: Any = None) -> Parts:
+    """MirroredStrategy: the ranks of ``comm`` that share this node; at most one device per rank."""
+    if devices is not None and len(list(devices)) > 1:
+        raise ValueError(f"{where}: `devices` lists {len(list(devices))} devices, but each rank hosts one "
+                         f"replica; launch one rank per device (mpirun -n <devices>) and pass at most one")
+    if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+        raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps "
+                        f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice, MPIAllReduce), "
+                        f"got {type(cross_device_ops).__name__}")
+    topology = Topology(validate_comm(comm, where))
+    engine = Engine(cast(MPI.Intracomm, topology.local))  # clones the node's communicator: ours can go
+    topology.free()
+    _bind_gpu(engine)
+    return engine, CommunicationOptions(), cross_device_ops, None, {"devices": devices}
 
 
-class OneDeviceStrategy(_Concrete):
-    """One replica on this rank alone: no communication. ``OneDeviceStrategy(device)``."""
-
-    _kind = "OneDeviceStrategy"
-
-    @classmethod
-    def _setup(cls, device: Any = None) -> Parts:
-        return Engine(MPI.COMM_SELF), CommunicationOptions(), None, None, {"devices": [device] if device else None}
+def one_device(where: str, device: Any = None) -> Parts:
+    """OneDeviceStrategy: this rank alone (an engine over COMM_SELF), no communication."""
+    return Engine(MPI.COMM_SELF), CommunicationOptions(), None, None, {"devices": [device] if device else None}
 
 
-class CentralStorageExtended(StrategyExtended):
-    """Variables and updates live on the chief: updates run on rank 0, then rank 0's result is
-    broadcast; reductions go to rank 0 and back (ReductionToOneDevice)."""
-
-    def update(self, var: Any, fn: Any, args: tuple = (), kwargs: dict | None = None, group: bool = True) -> Any:
-        result = super().update(var, fn, args, kwargs, group) if self.rank == 0 else var
-        return self._cross_device_ops.broadcast(result if result is not None else var)
-
-
-class CentralStorageStrategy(_Concrete):
-    """``tf.distribute.experimental.CentralStorageStrategy(compute_devices=None, parameter_device=None)``,
-    plus ``comm=``: replicas are the ranks; variables and their updates live on the chief (rank 0)."""
-
-    _kind = "CentralStorageStrategy"
-    _extended_class = CentralStorageExtended
-
-    @classmethod
-    def _setup(cls, compute_devices: Any = None, parameter_device: Any = None, *, comm: Any = None) -> Parts:
-        where = cls.__name__
-        engine = Engine(validate_comm(comm, where))
-        _bind_gpu(engine)
-        return engine, CommunicationOptions(), ReductionToOneDevice(0), None, {"devices": compute_devices}
+def central_storage(where: str, compute_devices: Any = None, parameter_device: Any = None, comm: Any = None) -> Parts:
+    """CentralStorageStrategy: every rank of ``comm``, reductions to the chief and back."""
+    engine = Engine(validate_comm(comm, where))
+    _bind_gpu(engine)
+    return engine, CommunicationOptions(), ReductionToOneDevice(0), None, {"devices": compute_devices}

@@ -1,7 +1,9 @@
 """The mpidist ``tf.distribute.Strategy``: one MPI rank = one replica.
 
-``make_strategy`` builds one for each of TensorFlow's strategy names; they differ only in the
-engine's communicator (chosen by the caller) and in CentralStorageStrategy's update rule:
+``MPIStrategy`` is the TensorFlow implementation of every public strategy class: the class that
+``mpidist.X`` builds with TensorFlow in use (``mpidist.on_tensorflow.X``) derives from it and from
+``mpidist.X``. They differ only in the engine's communicator (chosen by ``mpidist.X._setup``) and in
+CentralStorageStrategy's update rule:
 
 - MultiWorkerMirroredStrategy: replicas = the ranks of the communicator (COMM_WORLD by default);
 - MirroredStrategy: replicas = the ranks that share this node;
@@ -21,43 +23,74 @@ from typing import Any
 import tensorflow as tf
 
 from ..cross_device.options import CommunicationImplementation, CommunicationOptions, as_options
+from ..strategies.base import pickling_refused
 from . import collectives, gpu_bridge, reductions
 from .extended import MPIExtended
 
 _log = logging.getLogger("mpidist")
 
-KINDS = ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "CentralStorageStrategy")
-
-
 _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never converted
 
 
 class MPIStrategy(tf.distribute.Strategy):
-    """A ``tf.distribute.Strategy`` whose replicas are the ranks of an mpidist engine."""
+    """A ``tf.distribute.Strategy`` whose replicas are the ranks of an mpidist engine: the base of
+    the TensorFlow strategy classes, which build it with :meth:`start`."""
 
-    def __init__(self, kind: str, engine: Any, options: CommunicationOptions, device: str,
-                 scope_device: str | None = None, cluster_resolver: Any = None) -> None:
-        self._kind = kind
+    def __init__(self, engine: Any, options: CommunicationOptions, device: str, scope_device: str | None = None,
+                 cluster_resolver: Any = None) -> None:
         self._engine_ref = engine
         extended = MPIExtended(self, engine, options, device, scope_device,
-                               central_storage=kind == "CentralStorageStrategy", cluster_resolver=cluster_resolver)
+                               central_storage=getattr(self, "update_on_chief", False),
+                               cluster_resolver=cluster_resolver)
         super().__init__(extended)
 
-    @property
-    def kind(self) -> str:
-        """Which TensorFlow strategy this one stands for (one of ``KINDS``)."""
-        return self._kind
+    def _assemble(self, engine: Any, options: Any, cross_device_ops: Any, cluster_resolver: Any,
+                  extra: dict[str, Any]) -> None:
+        """Build this strategy on ``engine`` (an mpidist.Engine over its communicator): the hook that
+        the public classes' constructor and ``on_engine`` end in (mpidist/frameworks.py).
+
+        options: a CommunicationOptions (``bytes_per_pack`` and ``timeout_seconds`` reach every
+        engine call). devices: device names; the rank with node-local rank i uses devices[i % len].
+        cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
+        ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
+        cluster_resolver: what ``strategy.cluster_resolver`` returns (MultiWorkerMirroredStrategy:
+        the one its constructor got, else an MPIClusterResolver; None for the other classes).
+        """
+        where = type(self).__name__
+        for name in ("rank", "size", "allreduce", "broadcast", "allgather"):
+            if not hasattr(engine, name):
+                raise TypeError(f"{where}: `engine` must be an mpidist.Engine (it has no `{name}`), "
+                                f"got {type(engine).__name__}")
+        if cross_device_ops is not None and not callable(getattr(cross_device_ops, "reduce_arrays", None)):
+            raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps, got "
+                            f"{type(cross_device_ops).__name__}")
+        options = as_options(options, where)
+        if options.implementation is CommunicationImplementation.NCCL and \
+                not tf.config.list_physical_devices("GPU"):
+            raise ValueError(f"{where}: `options.implementation` is NCCL, which needs GPUs, but TensorFlow "
+                             f"sees none on this rank; use AUTO or RING")
+        gpu_bridge.prepare()  # GPU hook (issue 8): memory growth before TensorFlow initializes its GPUs
+        device, scope_device = _resolve_device(engine, extra.get("devices"), where)
+        MPIStrategy.__init__(self, engine, options, device, scope_device, cluster_resolver)
+        if cross_device_ops is not None:
+            self.extended.use_cross_device_ops(cross_device_ops)
+        _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", self, options, cross_device_ops)
 
     @property
     def engine(self) -> Any:
         return self._engine_ref
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run (on this strategy or a copy of it): collectives then raise."""
+        return getattr(self, "_engine_closed", False) or self._engine_ref.closed
 
     def close(self) -> None:
         """Free the communicators of the strategy's engine (collective); collectives raise afterwards,
         and closing again does nothing. ``with strategy:`` closes at the end of the block."""
         if not getattr(self, "_engine_closed", False):
             self._engine_closed = True
-            if self._engine_ref.topology.comm is not None:  # not closed through a copy of this strategy
+            if not self._engine_ref.closed:  # not closed through a copy of this strategy
                 self._engine_ref.close()
 
     def __enter__(self) -> MPIStrategy:
@@ -131,15 +164,19 @@ class MPIStrategy(tf.distribute.Strategy):
 
     def __deepcopy__(self, memo: dict) -> MPIStrategy:
         ext = self.extended
-        copy = type(self)(self._kind, self._engine_ref, ext.options, ext.device, ext.scope_device,
-                          ext.cluster_resolver)
+        copy = object.__new__(type(self))
+        MPIStrategy.__init__(copy, self._engine_ref, ext.options, ext.device, ext.scope_device,
+                             ext.cluster_resolver)
         if ext.cross_device_ops is not None:
             copy.extended.use_cross_device_ops(ext.cross_device_ops)
         memo[id(self)] = copy
         return copy
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(pickling_refused(self))
+
     def __repr__(self) -> str:
-        return (f"<mpidist {self._kind}: replica {self.extended.rank} of {self.num_replicas_in_sync}, "
+        return (f"<mpidist {type(self).__name__}: replica {self.extended.rank} of {self.num_replicas_in_sync}, "
                 f"device {self.extended.device}>")
 
 
@@ -154,7 +191,7 @@ def _canonical(name: str) -> str:
     return spec.replace(device_index=spec.device_index or 0).to_string()
 
 
-def _resolve_device(kind: str, engine: Any, devices: Any, where: str) -> tuple[str, str | None]:
+def _resolve_device(engine: Any, devices: Any, where: str) -> tuple[str, str | None]:
     """(device name reported in worker_devices, device to scope replica code with or None)."""
     local_rank = getattr(getattr(engine, "topology", None), "local_rank", 0) or 0
     if devices:
@@ -171,45 +208,3 @@ def _resolve_device(kind: str, engine: Any, devices: Any, where: str) -> tuple[s
         return _canonical(name), name
     cpus = tf.config.list_logical_devices("CPU")
     return _canonical(cpus[0].name if cpus else "/device:CPU:0"), None
-
-
-def make_strategy(kind: str, engine: Any, options: Any, *, devices: Any = None,
-                  cross_device_ops: Any = None, cluster_resolver: Any = None) -> MPIStrategy:
-    """A genuine ``tf.distribute.Strategy`` with one replica per rank of ``engine``.
-
-    kind: "MultiWorkerMirroredStrategy" | "MirroredStrategy" | "OneDeviceStrategy" |
-    "CentralStorageStrategy". engine: an mpidist.Engine over the strategy's communicator.
-    options: a CommunicationOptions (``bytes_per_pack`` and ``timeout_seconds`` reach every
-    engine call). devices: device names; rank with node-local rank i uses devices[i % len].
-    cross_device_ops: None, or an mpidist CrossDeviceOps that ``reduce``, ``extended.reduce_to`` /
-    ``batch_reduce_to`` and ``broadcast_to`` then run through (bound to ``engine``).
-    The strategy classes build through ``classes.make_tf_strategy``, which also installs
-    ``mpidist.tensorflow.keras`` (Keras fidelity, agreed shuffle seeds) on the result; a strategy built here
-    directly gets it from ``mpidist.tensorflow.keras.install(strategy)``.
-    cluster_resolver: what ``strategy.cluster_resolver`` returns (MultiWorkerMirroredStrategy:
-    the one its constructor got, else an MPIClusterResolver; None for the other kinds).
-    """
-    where = "make_strategy"
-    if kind not in KINDS:
-        raise ValueError(f"{where}: `kind` must be one of {', '.join(KINDS)}, got {kind!r}")
-    for name in ("rank", "size", "allreduce", "broadcast", "allgather"):
-        if not hasattr(engine, name):
-            raise TypeError(f"{where}: `engine` must be an mpidist.Engine (it has no `{name}`), "
-                            f"got {type(engine).__name__}")
-    if kind == "OneDeviceStrategy" and engine.size != 1:
-        raise ValueError(f"{where}: OneDeviceStrategy needs an engine over one rank (MPI.COMM_SELF), "
-                         f"got one over {engine.size} ranks")
-    if cross_device_ops is not None and not callable(getattr(cross_device_ops, "reduce_arrays", None)):
-        raise TypeError(f"{where}: `cross_device_ops` must be an mpidist CrossDeviceOps, got "
-                        f"{type(cross_device_ops).__name__}")
-    options = as_options(options, where)
-    if options.implementation is CommunicationImplementation.NCCL and not tf.config.list_physical_devices("GPU"):
-        raise ValueError(f"{where}: `options.implementation` is NCCL, which needs GPUs, but TensorFlow sees "
-                         f"none on this rank; use AUTO or RING")
-    gpu_bridge.prepare()  # GPU hook (issue 8): memory growth before TensorFlow initializes its GPUs
-    device, scope_device = _resolve_device(kind, engine, devices, where)
-    strategy = MPIStrategy(kind, engine, options, device, scope_device, cluster_resolver)
-    if cross_device_ops is not None:
-        strategy.extended.use_cross_device_ops(cross_device_ops)
-    _log.debug("mpidist: %r built (options %r, cross_device_ops %r)", strategy, options, cross_device_ops)
-    return strategy

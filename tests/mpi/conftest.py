@@ -92,6 +92,6 @@ def eng():
 @pytest.fixture(scope="module")
 def strategy(eng):
     """mpidist's TensorFlow MultiWorkerMirroredStrategy on ``eng`` (NumPy test modules define their own)."""
+    import mpidist.on_tensorflow
     from mpidist.cross_device.options import CommunicationOptions
-    from mpidist.tensorflow.classes import make_tf_strategy  # as the public classes build it (+ mpidist.tensorflow.keras)
-    return make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    return mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())

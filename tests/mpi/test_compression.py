@@ -183,11 +183,11 @@ def test_communication_options_reach_the_tensorflow_strategy(eng, comm):
     """A TensorFlow strategy's CommunicationOptions(compression=...) reach the engine, eagerly and
     inside a tf.function (replica context), with no change in the TensorFlow bridge."""
     tf = pytest.importorskip("tensorflow")
-    from mpidist.tensorflow.classes import make_tf_strategy
+    import mpidist.on_tensorflow
     n = comm.Get_size()
     x = tf.constant(np.full(4, 1 + 2.0 ** -20, dtype=np.float32))
     expected = np.full(4, n * (1 + 2.0 ** -20) if n == 1 else n, np.float32)
-    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(compression="bfloat16"))
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions(compression="bfloat16"))
     assert np.array_equal(strategy.reduce("sum", x, axis=None).numpy(), expected)
 
     @tf.function
@@ -201,11 +201,11 @@ def test_communication_options_reach_a_strategy_with_cross_device_ops(eng, comm)
     """With ``cross_device_ops=``, the strategy's CommunicationOptions(compression=...) still reach
     the engine (the ops' own options carry no compression; rc's default is off)."""
     tf = pytest.importorskip("tensorflow")
-    from mpidist.tensorflow import make_strategy
+    import mpidist.on_tensorflow
     n = comm.Get_size()
     x = tf.constant(np.full(4, 1 + 2.0 ** -20, dtype=np.float32))
     expected = np.full(4, n * (1 + 2.0 ** -20) if n == 1 else n, np.float32)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(compression="bfloat16"),
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions(compression="bfloat16"),
                              cross_device_ops=mpidist.MPIAllReduce())
     assert np.array_equal(strategy.reduce("sum", x, axis=None).numpy(), expected)
 

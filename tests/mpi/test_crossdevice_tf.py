@@ -15,14 +15,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import mpidist  # noqa: E402
-from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow import make_strategy  # noqa: E402
-from mpidist.values.distributed import Mirrored, PerReplica  # noqa: E402
-from tensorflow.python.distribute import values as tf_values  # noqa: E402  (TF's PerReplica/Mirrored)
-
 from reference import make, reduce_all  # noqa: E402
 from spying import SpyEngine  # noqa: E402
+from tensorflow.python.distribute import values as tf_values  # noqa: E402  (TF's PerReplica/Mirrored)
+
+import mpidist  # noqa: E402
+import mpidist.on_tensorflow  # noqa: E402
+from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
+from mpidist.values.distributed import Mirrored, PerReplica  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.node_layout]
 
@@ -162,8 +162,10 @@ def test_strategy_routes_through_cross_device_ops(comm, eng, kind, mode):
     rank, size = comm.Get_rank(), comm.Get_size()
     spy = SpyEngine(eng)
     ops = build(kind, size)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", spy, CommunicationOptions(), cross_device_ops=ops)
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(spy, CommunicationOptions(),
+                                                                           cross_device_ops=ops)
     assert ops.engine is spy
+    spy.calls.clear()  # building agreed on the shuffle seed (one broadcast): count the calls below
     x_all = inputs(size, np.float32, (2, 3), "sum", seed=9)
     y_all = inputs(size, np.float32, (4,), "min", seed=10)
     x, y = tf.constant(x_all[rank]), tf.constant(y_all[rank])
@@ -196,7 +198,8 @@ def test_strategy_routes_through_cross_device_ops(comm, eng, kind, mode):
 
 def test_strategy_without_cross_device_ops_uses_its_engine(comm, eng):
     spy = SpyEngine(eng)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", spy, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(spy, CommunicationOptions())
+    spy.calls.clear()  # building agreed on the shuffle seed (one broadcast): count the calls below
     rank, size = comm.Get_rank(), comm.Get_size()
     every = inputs(size, np.float32, (3,), "sum", seed=11)
     check(strategy.extended.reduce_to("sum", tf.constant(every[rank]), None), reduce_all(every, "sum"))
@@ -204,8 +207,8 @@ def test_strategy_without_cross_device_ops_uses_its_engine(comm, eng):
 
 
 def test_strategy_rejects_foreign_cross_device_ops(eng):
-    with pytest.raises(TypeError, match="make_strategy: `cross_device_ops` must be an mpidist CrossDeviceOps"):
-        make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(), cross_device_ops=object())
+    with pytest.raises(TypeError, match="MultiWorkerMirroredStrategy: `cross_device_ops` must be an mpidist CrossDeviceOps"):
+        mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions(), cross_device_ops=object())
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -28,16 +28,16 @@ os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # leave GPU memory f
 
 import numpy as np
 import pytest
-
-import mpidist
-from mpidist.collectives import timeline
-from mpidist.collectives.gpu import facts as gpu_facts, paths, transports
-from mpidist.collectives.gpu.paths import Path
-from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
-from mpidist.topology import mpi_library
 from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 
+import mpidist
+from mpidist.collectives import timeline
+from mpidist.collectives.gpu import facts as gpu_facts
+from mpidist.collectives.gpu import paths, transports
+from mpidist.collectives.gpu.paths import Path
+from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
+from mpidist.topology import mpi_library
 
 # without a GPU every test here runs on fake_cupy/fake_nccl: marked so, and counted apart in the summary
 pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes] + \
@@ -413,7 +413,8 @@ def tf_gpu():
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_tf_gpu_tensors_without_host_copies(tf_gpu, eng, cp, monkeypatch, mode):
     tf = tf_gpu
-    from mpidist.tensorflow import collectives as tfc, gpu_bridge
+    from mpidist.tensorflow import collectives as tfc
+    from mpidist.tensorflow import gpu_bridge
     copies, staged = [], []
     host_copy, stage = gpu_bridge.host_copy, transports.stage_to_host
     monkeypatch.setattr(gpu_bridge, "host_copy", lambda t: copies.append(t.dtype) or host_copy(t))
@@ -449,9 +450,9 @@ def test_tf_host_backed_int32_rides_along(tf_gpu, eng):
 
 def test_tf_strategy_reduce_on_gpu(tf_gpu, eng):
     tf = tf_gpu
+    import mpidist.on_tensorflow
     from mpidist.cross_device.options import CommunicationOptions
-    from mpidist.tensorflow import make_strategy
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     with tf.device("/GPU:0"):
         value = tf.fill([8], tf.cast(eng.rank + 1, tf.float32))
     out = strategy.reduce("MEAN", value, axis=None)

@@ -27,9 +27,11 @@ if not flavor.is_keras2():
     pytest.skip("Keras 2 tests: run with TF_USE_LEGACY_KERAS=1 and tf_keras installed (tests/run does)",
                 allow_module_level=True)
 
-from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
 from reference import CLIPS, assert_float32_close, clipping_acts  # noqa: E402
+
+import mpidist.on_tensorflow  # noqa: E402
+import mpidist.tensorflow  # noqa: E402
+from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 
 keras = tf.keras
 pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
@@ -94,7 +96,7 @@ def test_tf_keras_is_keras_2():
     ("CentralStorageStrategy", "numpy", "sgd", 1),
 ])
 def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
-    strategy = make_strategy(kind, eng, CommunicationOptions())
+    strategy = getattr(mpidist.on_tensorflow, kind).on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(72)
     xe, ye = dataset_arrays(70, seed=1)  # 70 = 5 full global batches + a short one of 10
     with strategy.scope():
@@ -172,7 +174,7 @@ def test_custom_training_loop_equals_single_process(eng, comm, optimizer):
             accuracy.reset_state()
         return losses, accuracies
 
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     parts = make(strategy)
     initial = parts[0].get_weights()
     losses, accuracies = train(strategy, *parts)
@@ -231,7 +233,7 @@ def test_clipping_acts_on_the_global_gradient(eng, comm, optimizer, clip, how):
         for xb, yb in dataset:
             step(xb, yb)
 
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     with strategy.scope():
         model = build(clip)
     initial = model.get_weights()
@@ -252,7 +254,7 @@ def test_clipping_acts_on_the_global_gradient(eng, comm, optimizer, clip, how):
 
 
 def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     tf.random.set_seed(eng.rank)  # a different initial draw on every rank: rank 0's must win
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
@@ -272,7 +274,7 @@ def test_variables_created_in_scope_start_equal_and_metrics_are_global(eng, comm
 def test_predict_returns_every_row_in_order(eng, comm):
     """As with Keras 3 (test_keras_predict.py): every rank gets all rows, in input order, with a short
     last batch, from arrays and from a dataset."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, _ = dataset_arrays(70, seed=4)
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
@@ -302,7 +304,7 @@ def test_unseeded_shuffles_agree_across_ranks(eng, comm, source):
     """fit(shuffle=True) on arrays and dataset.shuffle(n) without a seed: in every epoch the ranks
     train on disjoint parts of one global permutation, a new one every epoch (as one process)."""
     tf.random.set_seed(None)  # a program without a global seed (else TensorFlow's seeds agree anyway)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x = np.stack([np.arange(ROWS), np.ones(ROWS)], axis=1).astype(np.float32)
     y = np.zeros((ROWS, 1), np.float32)
     with strategy.scope():
@@ -343,7 +345,7 @@ def test_model_checkpoint_and_tensorboard_write_once(eng, comm, shared_dir):
     """tf_keras's own multi-worker file handling (non-chiefs write to a temporary directory named by
     ``extended._task_id``, then remove it) works under an mpidist strategy: the chief's files only.
     A callback that creates variables on the chief alone does not stop the others."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(36, seed=5)
     with strategy.scope():
         model = build_model("sgd")
@@ -363,7 +365,7 @@ def test_model_built_in_scope_keeps_its_strategy_outside_it(eng, comm):
     ``_distribute_strategy``): mpidist's save coordination finds it outside the scope too, directly
     and through a tf.train.Checkpoint holding the model."""
     from mpidist.tensorflow import owners
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     with strategy.scope():
         model = build_model("sgd")
     expected = strategy if comm.Get_size() > 1 else None  # one rank: nothing to coordinate
@@ -375,7 +377,7 @@ def test_model_built_in_scope_keeps_its_strategy_outside_it(eng, comm):
 def test_csv_logger_rows_written_once(eng, comm, shared_dir):
     """tf_keras's CSVLogger on every rank, appending to one file: the chief writes (one header, one
     row per epoch), the other ranks write nothing there."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(36, seed=6)
     with strategy.scope():
         model = build_model("sgd")
@@ -391,7 +393,7 @@ def test_csv_logger_rows_written_once(eng, comm, shared_dir):
 def fitted_model(eng, seed):
     """A model built, compiled (with metrics: Keras 2 saves their sync-on-read variables) and fitted
     under a multi-worker strategy."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(36, seed=seed)
     with strategy.scope():
         model = build_model("sgd")
@@ -438,7 +440,7 @@ def test_every_rank_saving_a_model_not_yet_fitted(eng, comm, shared_dir):
     """A compiled model before its first fit: ``model.metrics`` lists nothing yet, but the SavedModel
     holds the loss metric ``compile`` made (sync-on-read): it is aggregated before the chief writes
     (it was read by the chief alone, which then waited forever)."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     with strategy.scope():
         model = build_model("sgd")
     path = os.path.join(shared_dir, "unfitted")
@@ -482,7 +484,7 @@ def test_backup_and_restore_resumes_where_training_stopped(eng, comm, shared_dir
     """tf_keras's BackupAndRestore (it refuses strategies other than TensorFlow's; mpidist's are
     accepted): training interrupted on every rank at the start of epoch 2 resumes there and ends
     with the weights of one process's uninterrupted training; the backup is removed at the end."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(72, seed=9)
     with strategy.scope():
         model = build_model("sgd")

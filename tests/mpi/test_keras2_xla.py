@@ -27,9 +27,10 @@ if not flavor.is_keras2():
     pytest.skip("Keras 2 tests: run with TF_USE_LEGACY_KERAS=1 and tf_keras installed (tests/run does)",
                 allow_module_level=True)
 
+import mpidist.on_tensorflow  # noqa: E402
+import mpidist.tensorflow  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow import XlaCollectiveError, xla  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
 
 keras = tf.keras
 pytestmark = [pytest.mark.mpi, pytest.mark.keras2]
@@ -82,7 +83,7 @@ def assert_close(weights, reference, tol=TOL):
 
 @pytest.mark.parametrize("kind", ["sgd", "legacy_adam"])
 def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, monkeypatch):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data()
     with strategy.scope():
         weights = mlp().get_weights()
@@ -123,7 +124,7 @@ def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, monkeypa
 
 
 def test_synchronized_batch_norm_is_a_clear_error_on_every_rank(eng, comm):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data(GLOBAL_BATCH)
     with strategy.scope():
         model = mlp(synchronized=True)

@@ -14,8 +14,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
+import mpidist.on_tensorflow  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.tensorflow.keras)
 
 pytestmark = pytest.mark.mpi
 MICRO, STEPS, ROWS, EPOCHS = 12, 4, 48, 2  # 4 micro-batches of 12 = one update of 48, per epoch (multiples of 1-4 ranks)
@@ -36,7 +36,7 @@ def counted():
         return real(value, *args, **kwargs)
 
     engine.allreduce = allreduce
-    yield make_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions()), calls
+    yield mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(engine, CommunicationOptions()), calls
     engine.close()
 
 

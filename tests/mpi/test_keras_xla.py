@@ -31,10 +31,11 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
+import mpidist.on_tensorflow  # noqa: E402
+import mpidist.tensorflow  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow.keras import xla as keras_xla  # noqa: E402
 from mpidist.tensorflow import XlaCollectiveError, xla  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402
+from mpidist.tensorflow.keras import xla as keras_xla  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 GLOBAL_BATCH = 24  # a multiple of every tested size (1, 2, 3, 4): equal blocks, so Keras's loss is the global mean
@@ -127,7 +128,7 @@ def assert_compiled(split, before: set[str], update: bool = True):
 @pytest.mark.parametrize("kind, steps_per_execution, embedding", [
     ("adam", 1, False), ("sgd", 2, False), ("adam_accumulate", 1, True)])
 def test_fit_jit_compile_equals_no_jit_and_one_process(eng, comm, kind, steps_per_execution, embedding):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data()
     with strategy.scope():
         initial = mlp(embedding)
@@ -172,7 +173,7 @@ def local_rows(eng, x, y, step):
 
 @pytest.mark.parametrize("outer", ["tf.function", "eager"])
 def test_custom_loop_jit_compile_equals_no_jit_and_one_process(eng, comm, outer):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data(seed=1)
     steps = len(x) // GLOBAL_BATCH
     with strategy.scope():
@@ -238,7 +239,7 @@ def test_mixed_float16_dynamic_loss_scale_with_jit_compile(eng, comm, mixed_floa
     """Dynamic loss scaling: the scale grows every 2 finite steps and halves on the batch whose
     inputs overflow float16 on every rank (a skipped step); scale, step count and weights as one
     process (float16 arithmetic: its tolerance)."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data(144, seed=2)
     x[GLOBAL_BATCH:2 * GLOBAL_BATCH] = 1e5  # batch 1: inf in float16 on every rank's block
     with strategy.scope():
@@ -269,7 +270,7 @@ def test_mixed_float16_dynamic_loss_scale_with_jit_compile(eng, comm, mixed_floa
 
 
 def test_what_cannot_be_split_is_a_clear_error_on_every_rank(eng, comm):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     with strategy.scope():
         model, other, opt = mlp(), mlp(), optimizer("sgd")
         opt.build(model.trainable_variables)
@@ -313,7 +314,7 @@ def test_what_cannot_be_split_is_a_clear_error_on_every_rank(eng, comm):
 def test_jit_compile_auto_picks_xla_as_keras_does_without_a_strategy(eng, monkeypatch):
     """Keras's "auto" turns XLA on where a GPU is seen (never under a tf.distribute strategy);
     under an mpidist strategy it decides as without one. No GPU here: TensorFlow is made to list one."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
 
     def auto_choice(scope) -> bool:
         with scope():
@@ -337,7 +338,7 @@ def test_jit_compile_auto_picks_xla_as_keras_does_without_a_strategy(eng, monkey
 
 def test_evaluate_and_predict_with_jit_compile(eng, comm):
     """Steps without an optimizer update compile whole (part 1 alone) and give what jit_compile=False gives."""
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = data(72, seed=3)
     outputs = {}
     with strategy.scope():

@@ -6,12 +6,12 @@ import threading
 
 import numpy as np
 import pytest
+from reference import DTYPES, assert_same, make, reduce_all
 
 import mpidist
 from mpidist.collectives import progress
 from mpidist.errors import CollectiveMismatchError, CommunicatorBrokenError
 from mpidist.overlap import GradientBuckets
-from reference import DTYPES, assert_same, make, reduce_all
 
 pytestmark = pytest.mark.mpi
 
@@ -192,7 +192,7 @@ def test_buckets_equal_one_allreduce_bit_for_bit(eng, op):
 
 
 def test_buckets_through_the_current_strategy_any_order(comm):
-    with mpidist.numpy.MultiWorkerMirroredStrategy() as strategy:
+    with mpidist.rc.override(framework="numpy"), mpidist.MultiWorkerMirroredStrategy() as strategy:
         rank, size = strategy.extended.rank, strategy.num_replicas_in_sync
         like = [np.zeros(s, np.float64) for s in SHAPES]
 
@@ -265,7 +265,8 @@ def test_bucket_errors(eng):
 
 
 def test_buckets_on_a_closed_strategy_raise():
-    strategy = mpidist.numpy.MultiWorkerMirroredStrategy()
+    with mpidist.rc.override(framework="numpy"):
+        strategy = mpidist.MultiWorkerMirroredStrategy()
     strategy.close()
     with pytest.raises(RuntimeError, match="GradientBuckets: the strategy was closed"):
         GradientBuckets([np.zeros(2)], strategy=strategy)

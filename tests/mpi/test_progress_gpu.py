@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import mpidist
-from mpidist.collectives.gpu import facts as gpu_facts, paths
-from mpidist.overlap import GradientBuckets
 from gpu_arrays import NCCL_ALWAYS, REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
 from reference import make, reduce_all
 
+import mpidist
+from mpidist.collectives.gpu import facts as gpu_facts
+from mpidist.collectives.gpu import paths
+from mpidist.overlap import GradientBuckets
 
 pytestmark = [pytest.mark.mpi, pytest.mark.node_layout] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
 
@@ -40,7 +40,7 @@ def test_async_device_arrays_equal_blocking(cp, comm, implementation):
 def test_gradient_buckets_on_device_arrays(cp, comm):
     rank, size = comm.Get_rank(), comm.Get_size()
     shapes = [(64, 32), (32,), (32, 8), (8,)]
-    with mpidist.numpy.MultiWorkerMirroredStrategy() as strategy:
+    with mpidist.rc.override(framework="numpy"), mpidist.MultiWorkerMirroredStrategy() as strategy:
         like = [cp.zeros(s, dtype=cp.float32) for s in shapes]
         buckets = GradientBuckets(like, "mean", strategy=strategy,
                                   options=mpidist.experimental.CommunicationOptions(bytes_per_pack=1024))

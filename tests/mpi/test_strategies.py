@@ -2,12 +2,15 @@
 ops and the seeds' examples, checked against values computed from all ranks' inputs."""
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
+from reference import assert_same
 
 import mpidist
 from mpidist.errors import CollectiveMismatchError
-from reference import assert_same
 
 pytestmark = [pytest.mark.mpi, pytest.mark.node_layout, pytest.mark.two_nodes]
 
@@ -94,7 +97,7 @@ def test_reduce_along_several_axes(strategy, comm, op, axis):
     """A tuple (or list) of axes, as the TensorFlow strategies take: MEAN over every element along them."""
     size, rank = comm.Get_size(), comm.Get_rank()
     rows = [1 + r % 3 if 0 in {a % 3 for a in np.atleast_1d(axis)} else 2 for r in range(size)]
-    make = lambda r: np.random.default_rng([7, r]).normal(size=(rows[r], 3, 4))  # noqa: E731
+    make = lambda r: np.random.default_rng([7, r]).normal(size=(rows[r], 3, 4))
     got = strategy.reduce(op, {"v": make(rank)}, axis=axis)["v"]
     axes = tuple(sorted(a % 3 for a in np.atleast_1d(axis)))
     np.testing.assert_allclose(got, reference_along(op, [make(r) for r in range(size)], axes), rtol=1e-12)
@@ -281,30 +284,42 @@ KINDS = [("MultiWorkerMirroredStrategy", lambda m: m.MultiWorkerMirroredStrategy
 
 
 @pytest.mark.parametrize("name, cls_of", KINDS, ids=[k[0] for k in KINDS])
-def test_isinstance_of_the_class_that_built_it(comm, name, cls_of):
-    """NumPy mode: mpidist.X() and mpidist.numpy.X() are instances of mpidist.X, mpidist.Strategy and
-    mpidist.numpy.X, of no other kind's class; their replicas are what X promises."""
-    for build in (cls_of(mpidist), cls_of(mpidist.numpy)):
-        with build() as s:
-            assert isinstance(s, cls_of(mpidist)) and isinstance(s, mpidist.Strategy)
-            assert isinstance(s, cls_of(mpidist.numpy))
-            # an experimental MultiWorkerMirroredStrategy is also a MultiWorkerMirroredStrategy (as in TensorFlow)
-            others = [c(mpidist) for n, c in KINDS if n != name and not (
-                name == "experimental.MultiWorkerMirroredStrategy" and n == "MultiWorkerMirroredStrategy")]
-            assert not any(isinstance(s, other) for other in others), (type(s), others)
-            expected = {"OneDeviceStrategy": 1, "MirroredStrategy": s.engine.topology.size}.get(name, comm.Get_size())
-            assert s.num_replicas_in_sync == expected
-            assert_same(s.reduce("SUM", np.ones(2), axis=None), np.full(2, float(expected)))
+def test_each_strategy_is_an_instance_of_its_class_alone(comm, name, cls_of):
+    """NumPy mode: mpidist.X() is of type X (a plain class), an mpidist.Strategy, of no other kind's
+    class; its replicas are what X promises."""
+    cls = cls_of(mpidist)
+    with cls() as s:
+        assert type(s) is cls and isinstance(s, mpidist.Strategy)
+        # an experimental MultiWorkerMirroredStrategy is also a MultiWorkerMirroredStrategy (as in TensorFlow)
+        others = [c(mpidist) for n, c in KINDS if n != name and not (
+            name == "experimental.MultiWorkerMirroredStrategy" and n == "MultiWorkerMirroredStrategy")]
+        assert not any(isinstance(s, other) for other in others), (type(s), others)
+        expected = {"OneDeviceStrategy": 1, "MirroredStrategy": s.engine.topology.size}.get(name, comm.Get_size())
+        assert s.num_replicas_in_sync == expected
+        assert_same(s.reduce("SUM", np.ones(2), axis=None), np.full(2, float(expected)))
 
 
-def test_the_numpy_classes_build_on_numpy_whatever_rc_says(comm):
-    with mpidist.rc.override(framework="auto"):
-        with mpidist.numpy.MultiWorkerMirroredStrategy() as s:
-            assert type(s).__module__ == "mpidist.numpy" and not s.closed
-            largest = s.reduce("MAX", np.full(2, float(comm.Get_rank())), axis=None)
-            assert_same(largest, np.full(2, comm.Get_size() - 1.0))
-    assert s.closed
-    assert not isinstance(object(), mpidist.Strategy) and not isinstance(s, mpidist.MirroredStrategy)
+def test_copies_share_the_engine_and_pickling_is_refused_on_every_rank(comm):
+    """deepcopy: a strategy of the same class on the same communicators, as TensorFlow copies its own;
+    pickling the strategy is a TypeError naming it (it holds communicators), pickling its class works."""
+    with mpidist.MultiWorkerMirroredStrategy() as s:
+        twin = copy.deepcopy(s)
+        assert type(twin) is type(s) and twin is not s and twin.engine is s.engine
+        total = twin.reduce("SUM", np.full(2, float(comm.Get_rank())), axis=None)
+        assert_same(total, np.full(2, float(sum(range(comm.Get_size())))))
+        with pytest.raises(TypeError, match="MultiWorkerMirroredStrategy: a strategy holds MPI communicators"):
+            pickle.dumps(s)
+        assert pickle.loads(pickle.dumps(type(s))) is mpidist.MultiWorkerMirroredStrategy
+    assert twin.closed  # closing the original freed the engine they share
+
+
+def test_a_subclass_of_a_public_class_is_a_plain_subclass(comm):
+    class Tagged(mpidist.MultiWorkerMirroredStrategy):
+        tag = "mine"
+
+    with Tagged() as s:
+        assert type(s) is Tagged and isinstance(s, mpidist.MultiWorkerMirroredStrategy) and s.tag == "mine"
+        assert_same(s.reduce("MAX", np.full(2, float(comm.Get_rank())), axis=None), np.full(2, comm.Get_size() - 1.0))
 
 
 def test_close_frees_the_communicators_and_collectives_then_raise(comm):

@@ -19,9 +19,9 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import mpidist  # noqa: E402
+import mpidist.on_tensorflow  # noqa: E402
 from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
 from mpidist.tensorflow import checkpoint  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy as make_strategy  # noqa: E402  (+ mpidist.tensorflow.keras)
 
 pytestmark = pytest.mark.mpi
 GLOBAL_BATCH = 12  # a multiple of every tested size (1, 2, 3, 4)
@@ -68,7 +68,7 @@ def on_chief(comm, fn):
     ("CentralStorageStrategy", "numpy", "adam", 1),
 ])
 def test_fit_and_evaluate_equal_single_process(eng, comm, kind, data, optimizer, steps_per_execution):
-    strategy = make_strategy(kind, eng, CommunicationOptions())
+    strategy = getattr(mpidist.on_tensorflow, kind).on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(72)
     xe, ye = dataset_arrays(70, seed=1)  # 70 = 5 full global batches + a short one of 10
     with strategy.scope():
@@ -150,7 +150,7 @@ def test_custom_training_loop_tutorial(eng, comm):
             accuracy.reset_state()
         return losses, accuracies
 
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     parts = make(strategy)
     initial = parts[0].get_weights()
     losses, accuracies = train(strategy, *parts)
@@ -168,7 +168,7 @@ def test_custom_training_loop_tutorial(eng, comm):
 
 
 def test_checkpoint_saved_by_chief_restored_everywhere(eng, comm):
-    strategy = make_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     x, y = dataset_arrays(36, seed=3)
     with strategy.scope():
         model = build_model("adam")

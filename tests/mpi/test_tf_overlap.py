@@ -15,10 +15,11 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.tensorflow.classes import make_tf_strategy  # noqa: E402
-from mpidist.tensorflow import buckets  # noqa: E402
 from reference import assert_float32_close  # noqa: E402
+
+import mpidist.on_tensorflow  # noqa: E402
+from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
+from mpidist.tensorflow import buckets  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 SHAPES = [(37, 11), (11,), (64, 64), (64,), (300,), (5, 7, 3), (1,), (1000,)]
@@ -78,7 +79,7 @@ def assert_same_sum(comm, a, b, exact=False):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_bucketed_equals_unbucketed(eng, comm, exact):
-    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     xs = [tf.constant(v) for v in values(comm.Get_rank(), exact)]
     bucketed, one = all_reduce_fn(strategy, SMALL), all_reduce_fn(strategy, ONE)
     expected_buckets = len(buckets.plan([4 * int(np.prod(s)) for s in SHAPES], 4096))
@@ -99,7 +100,7 @@ def test_bucketed_equals_unbucketed_across_the_hierarchical_threshold(eng, comm)
     """Buckets of 800 KB against one 2.4 MB pack: on fake nodes (MPIDIST_LOCAL_SIZE=2) the engine
     reduces the first flat and the second hierarchically (rc.hierarchical_threshold, 1 MiB); the
     bits still agree, on random floats."""
-    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions())
     rng = np.random.default_rng(7 + comm.Get_rank())
     xs = [tf.constant((rng.normal(size=200_000) * 10 ** rng.uniform(-3, 3)).astype(np.float32)) for _ in range(3)]
     bucketed = all_reduce_fn(strategy, CommunicationOptions(bytes_per_pack=512 * 1024))
@@ -111,7 +112,7 @@ def test_bucketed_equals_unbucketed_across_the_hierarchical_threshold(eng, comm)
 def test_each_bucket_waits_only_for_its_own_tensors(eng, comm):
     """The first collective (the list's last tensors) must not depend on the first tensor's op:
     it can run while the rest of the backward pass does."""
-    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(bytes_per_pack=4096))
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions(bytes_per_pack=4096))
     xs = [tf.constant(v) for v in values(comm.Get_rank(), True)]
 
     def replica(*inputs):
@@ -141,7 +142,7 @@ def test_each_bucket_waits_only_for_its_own_tensors(eng, comm):
 def test_buckets_keep_one_order_inside_cond_and_while(eng, comm):
     """Bucketed all-reduces in two tf.conds that share no resource, and in a while loop, run in
     program order on every rank (a different order would mismatch shapes: an error on every rank)."""
-    strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, CommunicationOptions(bytes_per_pack=4096))
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, CommunicationOptions(bytes_per_pack=4096))
     rank, size = comm.Get_rank(), comm.Get_size()
     xs = [tf.constant(v) for v in values(rank, True)]
     total = [sum(vs) for vs in zip(*(values(r, True) for r in range(size)))]
@@ -175,7 +176,7 @@ def test_keras_fit_with_buckets_equals_without(eng, comm):
     weights = None
     trained = []
     for options in (CommunicationOptions(bytes_per_pack=1024), CommunicationOptions(bytes_per_pack=1 << 30)):
-        strategy = make_tf_strategy("MultiWorkerMirroredStrategy", eng, options)
+        strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(eng, options)
         with strategy.scope():
             model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(32, activation="relu"),
                                       keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])

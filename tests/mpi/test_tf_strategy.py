@@ -1,4 +1,4 @@
-"""mpidist's tf.distribute.Strategy (mpidist.tensorflow.make_strategy) on one replica per rank.
+"""mpidist's tf.distribute.Strategy (mpidist.on_tensorflow.X.on_engine) on one replica per rank.
 
 Every check compares with NumPy over all ranks' inputs, which each rank computes itself from
 (seed, rank). Runs at any -n; reads rank and size at run time.
@@ -15,12 +15,15 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-import mpidist  # noqa: E402
-from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
-from mpidist.cross_device.reduce_op import ReduceOp  # noqa: E402
-from mpidist.tensorflow import XlaCollectiveError, _tf_private, make_strategy  # noqa: E402
 from late_rank import arrive_late, expiring  # noqa: E402
 from spying import SpyEngine  # noqa: E402
+
+import mpidist  # noqa: E402
+import mpidist.on_tensorflow  # noqa: E402
+import mpidist.tensorflow  # noqa: E402
+from mpidist.cross_device.options import CommunicationOptions  # noqa: E402
+from mpidist.cross_device.reduce_op import ReduceOp  # noqa: E402
+from mpidist.tensorflow import XlaCollectiveError, _tf_private  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.two_nodes]
 MODES = ["eager", "function"]
@@ -183,7 +186,7 @@ def test_gather_shape_mismatch_says_what_tensorflow_says(strategy, eng, mode, ca
 
 def test_all_reduce_is_one_engine_call_with_merged_options(eng):
     spy = SpyEngine(eng)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", spy, CommunicationOptions(timeout_seconds=60))
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(spy, CommunicationOptions(timeout_seconds=60))
     leaves = [tf.constant(data(eng.rank, (i % 3 + 1,), seed=i).astype(np.float32)) for i in range(12)]
     cases = [(None, {"timeout_seconds": 60.0}),
              (tf.distribute.experimental.CommunicationOptions(bytes_per_pack=256),
@@ -291,7 +294,7 @@ def test_sync_on_read_metric_is_global(strategy, eng):
 def test_cross_replica_assign_of_sync_on_read_needs_no_collective(eng):
     keras = pytest.importorskip("keras")
     spy = SpyEngine(eng)
-    strategy = make_strategy("MultiWorkerMirroredStrategy", spy, CommunicationOptions())
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(spy, CommunicationOptions())
     with strategy.scope():
         metric = keras.metrics.Mean()
         total = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
@@ -336,33 +339,31 @@ def test_xla_is_a_clear_error(strategy):
 
 
 def test_errors_name_the_function_and_argument(strategy, eng):
-    with pytest.raises(TypeError, match="MPIStrategy.reduce: `axis` must be an int, a list/tuple of ints, or None, "
+    with pytest.raises(TypeError, match="MultiWorkerMirroredStrategy.reduce: `axis` must be an int, a list/tuple of ints, or None, "
                                         "got 'x'"):
         strategy.reduce("sum", tf.ones([2]), axis="x")
-    with pytest.raises(ValueError, match="MPIStrategy.reduce: `reduce_op` must be one of"):
+    with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy.reduce: `reduce_op` must be one of"):
         strategy.reduce("median", tf.ones([2]), axis=None)
-    with pytest.raises(ValueError, match="MPIStrategy.reduce: `axis` 3 is out of range for leaf 0"):
+    with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy.reduce: `axis` 3 is out of range for leaf 0"):
         strategy.reduce("sum", tf.ones([2]), axis=3)
-    with pytest.raises(RuntimeError, match="MPIStrategy.reduce: must be called in cross-replica context"):
+    with pytest.raises(RuntimeError, match="MultiWorkerMirroredStrategy.reduce: must be called in cross-replica context"):
         strategy.run(lambda: strategy.reduce("sum", tf.ones([1]), axis=None))
-    with pytest.raises(ValueError, match="make_strategy: `kind` must be one of"):
-        make_strategy("TPUStrategy", eng, CommunicationOptions())
     if eng.size > 1:
-        with pytest.raises(ValueError, match="make_strategy: OneDeviceStrategy needs an engine over one rank"):
-            make_strategy("OneDeviceStrategy", eng, CommunicationOptions())
+        with pytest.raises(ValueError, match="OneDeviceStrategy.on_engine: `engine` must span one rank"):
+            mpidist.on_tensorflow.OneDeviceStrategy.on_engine(eng, CommunicationOptions())
 
 
 @pytest.mark.node_layout  # MirroredStrategy: this node's ranks
 def test_other_kinds(eng, comm):
     from mpi4py import MPI
-    one = make_strategy("OneDeviceStrategy", mpidist.Engine(MPI.COMM_SELF), CommunicationOptions(), devices="/cpu:0")
+    one = mpidist.on_tensorflow.OneDeviceStrategy.on_engine(mpidist.Engine(MPI.COMM_SELF), CommunicationOptions(), devices="/cpu:0")
     assert one.num_replicas_in_sync == 1 and one.extended.should_checkpoint
     assert one.reduce("sum", tf.constant(eng.rank + 1.0), axis=None).numpy() == eng.rank + 1
     local_engine = mpidist.Engine(eng.topology.local)
-    mirrored = make_strategy("MirroredStrategy", local_engine, CommunicationOptions())
+    mirrored = mpidist.on_tensorflow.MirroredStrategy.on_engine(local_engine, CommunicationOptions())
     assert mirrored.num_replicas_in_sync == eng.topology.local_size
     assert mirrored.reduce("sum", tf.constant(1.0), axis=None).numpy() == eng.topology.local_size
-    central = make_strategy("CentralStorageStrategy", eng, CommunicationOptions())
+    central = mpidist.on_tensorflow.CentralStorageStrategy.on_engine(eng, CommunicationOptions())
     with central.scope():
         var = tf.Variable([0.0, 0.0])
     central.extended.update(var, lambda v: v.assign_add([eng.rank + 1.0, 1.0]))
@@ -377,7 +378,7 @@ def test_timeout_reaches_the_engine(comm, mode):
     however long tracing the tf.function takes there."""
     engine = mpidist.Engine(comm)
     late = engine.size - 1
-    strategy = make_strategy("MultiWorkerMirroredStrategy", engine,
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy.on_engine(engine,
                              CommunicationOptions(timeout_seconds=30 if engine.rank == late else 0.5))
     step = (lambda x: strategy.reduce("sum", x, axis=None))
     step = tf.function(step) if mode == "function" else step

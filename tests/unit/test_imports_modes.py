@@ -16,23 +16,16 @@ def run(code: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_numpy_classes_never_import_tensorflow():
+def test_numpy_mode_never_imports_tensorflow():
     run("import sys, numpy as np, mpidist\n"
-        "for cls in (mpidist.numpy.MultiWorkerMirroredStrategy, mpidist.numpy.MirroredStrategy,\n"
-        "            mpidist.numpy.OneDeviceStrategy, mpidist.numpy.experimental.CentralStorageStrategy,\n"
-        "            mpidist.numpy.experimental.MultiWorkerMirroredStrategy):\n"
+        "for cls in (mpidist.MultiWorkerMirroredStrategy, mpidist.MirroredStrategy,\n"
+        "            mpidist.OneDeviceStrategy, mpidist.experimental.CentralStorageStrategy,\n"
+        "            mpidist.experimental.MultiWorkerMirroredStrategy):\n"
         "    with cls() as s:\n"
-        "        assert isinstance(s, mpidist.Strategy) and isinstance(s, cls), type(s)\n"
+        "        assert type(s) is cls and isinstance(s, mpidist.Strategy), type(s)\n"
         "        assert s.reduce('sum', np.ones(2), axis=None).tolist() == [1.0, 1.0]\n"
         "    assert s.closed\n"
-        "with mpidist.rc.override(framework='tensorflow'):\n"
-        "    s = mpidist.numpy.MultiWorkerMirroredStrategy()\n"
-        "assert type(s).__module__ == 'mpidist.numpy'\n"
-        "assert isinstance(s, mpidist.MultiWorkerMirroredStrategy) and not isinstance(s, mpidist.MirroredStrategy)\n"
-        "assert issubclass(mpidist.numpy.MultiWorkerMirroredStrategy, mpidist.MultiWorkerMirroredStrategy)\n"
         "assert issubclass(mpidist.experimental.MultiWorkerMirroredStrategy, mpidist.MultiWorkerMirroredStrategy)\n"
-        "assert not issubclass(mpidist.MultiWorkerMirroredStrategy, mpidist.numpy.MultiWorkerMirroredStrategy)\n"
-        "s.close()\n"
         "heavy = [m for m in ('tensorflow', 'keras') if m in sys.modules]\n"
         "assert not heavy, heavy\n")
 
@@ -48,7 +41,11 @@ def test_public_classes_follow_the_import_of_tensorflow():
         "    assert isinstance(s, mpidist.MultiWorkerMirroredStrategy) and isinstance(s, mpidist.Strategy)\n"
         "    assert not isinstance(s, mpidist.MirroredStrategy)\n"
         "    s.close(); s.close()\n"
-        "assert isinstance(numpy_mode, mpidist.numpy.MultiWorkerMirroredStrategy)\n"
-        "assert isinstance(tf_mode, mpidist.tensorflow.MultiWorkerMirroredStrategy)\n"
-        "assert not isinstance(tf_mode, mpidist.numpy.MultiWorkerMirroredStrategy)\n"
-        "assert not isinstance(numpy_mode, mpidist.tensorflow.MultiWorkerMirroredStrategy)\n")
+        "import mpidist.on_tensorflow\n"
+        "assert type(numpy_mode) is mpidist.MultiWorkerMirroredStrategy\n"
+        "assert type(tf_mode) is mpidist.on_tensorflow.MultiWorkerMirroredStrategy\n"
+        "assert not isinstance(numpy_mode, mpidist.on_tensorflow.MultiWorkerMirroredStrategy)\n"
+        "with mpidist.rc.override(framework='numpy'):\n"
+        "    again = mpidist.MultiWorkerMirroredStrategy()\n"
+        "assert type(again) is mpidist.MultiWorkerMirroredStrategy\n"
+        "again.close()\n")

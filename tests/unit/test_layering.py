@@ -1,5 +1,5 @@
 """Imports flow one way: topology → collectives → cross-device → values → input → strategies →
-tensorflow (its core → its keras/ patches → its strategy classes) → horovod → the public namespace
+tensorflow (its core → its keras/ patches) → horovod → the public namespace (the strategy classes)
 and the command line. A lower layer never
 reaches a higher one: not by an import statement, not by a module name in a string
 (``importlib.import_module("mpidist.x")``, ``__import__``, ``sys.modules["mpidist.x"]``), not by
@@ -27,15 +27,15 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     "horovod": 8,
     # the public namespace (frameworks: the framework choice) and the command line (run and horovodrun:
     # launch; check, info, bench, soak, timeline)
-    "frameworks": TOP, "checkpoint": TOP, "experimental": TOP, "numpy": TOP, "overlap": TOP,
+    "frameworks": TOP, "on_tensorflow": TOP, "checkpoint": TOP, "experimental": TOP, "overlap": TOP,
     "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
     "elastic": TOP,
 }
 # Inside a package: the first component after "mpidist.<package>." -> sub-layer (0 when not named; the
 # package's own __init__ re-exports, above them all). mpidist.tensorflow: the core (strategy, extended,
-# checkpoint, the patch registry) -> keras/ (the Keras patches, which use the core) -> classes (the
-# strategy classes, which install the patches).
-SUBLAYERS = {"tensorflow": {"keras": 1, "classes": 2}}
+# checkpoint, the patch registry) -> keras/ (the Keras patches, which use the core); the strategy classes
+# that install the patches are in the top layer (frameworks, on_tensorflow).
+SUBLAYERS = {"tensorflow": {"keras": 1}}
 HEAVY = ("tensorflow", "keras", "cupy", "cupyx", "jax", "torch")
 DYNAMIC = "<a module name computed at run time>"
 # modules whose import_module(name) takes a computed name, and why that cannot reach mpidist
@@ -222,16 +222,14 @@ def test_layer_map_catches_an_upward_import():
 
 
 def test_sublayers_catch_an_upward_import_inside_tensorflow():
-    """The arrow tensorflow/classes.py -> keras had to run down: the core may not import the Keras patches
-    or the strategy classes, the Keras patches may not import the strategy classes."""
+    """The core may not import the Keras patches, nor either of them the strategy classes (top layer)."""
     for name, code in (("mpidist.tensorflow.strategy", "from .keras import patching_user\n"),
-                       ("mpidist.tensorflow.preemption", "from . import classes\n"),
-                       ("mpidist.tensorflow.keras.shuffle", "from ..classes import make_tf_strategy\n")):
+                       ("mpidist.tensorflow.preemption", "from .. import on_tensorflow\n"),
+                       ("mpidist.tensorflow.keras.shuffle", "from ...on_tensorflow import MirroredStrategy\n")):
         tree = ast.parse(code)
         found = [t for t, _ in imports(name, False, tree) if t.startswith("mpidist.")]
-        assert found and any(sublayer(t) > sublayer(name) for t in found), (name, found)
-    assert sublayer("mpidist.tensorflow.keras.shuffle") < sublayer("mpidist.tensorflow.classes") \
-        < sublayer("mpidist.tensorflow", True)
+        assert found and any(layer(t) > layer(name) or sublayer(t) > sublayer(name) for t in found), (name, found)
+    assert sublayer("mpidist.tensorflow.keras.shuffle") < sublayer("mpidist.tensorflow", True)
 
 
 def test_layer_map_reads_module_names_in_strings():

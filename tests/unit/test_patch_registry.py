@@ -80,13 +80,14 @@ def probe(flavor: str) -> None:
 
     import mpidist
     import mpidist.horovod.tensorflow as hvd
+    import mpidist.on_tensorflow
     import mpidist.tensorflow
     import mpidist.tensorflow.keras
     from mpidist.tensorflow import patching
     assert changed(start, snapshot()) == [], changed(start, snapshot())
     assert patching.installed() == [], patching.installed()
 
-    strategy = mpidist.tensorflow.MultiWorkerMirroredStrategy()
+    strategy = mpidist.on_tensorflow.MultiWorkerMirroredStrategy()
     after_strategy = changed(start, snapshot())
     assert after_strategy, "building a strategy installs the Keras patches"
     unlisted = set(after_strategy) - set(patching.installed())

@@ -42,7 +42,7 @@ _lock = threading.Lock()  # strategies built in two threads at once: one install
 def install(strategy=None) -> None:
     """Apply every patch (once). Needs TensorFlow; the Keras patches also need Keras 3.
 
-    With ``strategy`` (make_strategy passes each new one; collective over its ranks), its ranks
+    With ``strategy`` (each strategy built on TensorFlow passes itself; collective over its ranks), its ranks
     also agree on the seed of unseeded shuffles (``shuffle.register``).
     """
     with _lock:
