@@ -1,6 +1,6 @@
 """The strategy classes with TensorFlow imported: ``mpidist.X()`` builds its subclass
-``mpidist.tensorflow.X``, mpidist's genuine ``tf.distribute.Strategy``, so ``isinstance(s, mpidist.X)``
-holds by inheritance; ``mpidist.tensorflow.X`` always builds on TensorFlow, ``rc.framework="numpy"``
+``mpidist.on_tensorflow.X``, mpidist's genuine ``tf.distribute.Strategy``, so ``isinstance(s, mpidist.X)``
+holds by inheritance; ``mpidist.on_tensorflow.X`` always builds on TensorFlow, ``rc.framework="numpy"``
 never; ``close()`` and ``with`` free the communicators. (The NumPy mode is tested in
 test_strategies.py, which imports no TensorFlow.)"""
 from __future__ import annotations
@@ -76,7 +76,7 @@ FROM_NUMPY = {"_setup", "on_engine", "update_on_chief"}
 
 @pytest.mark.parametrize("name, cls_of", KINDS, ids=[k[0] for k in KINDS])
 def test_tensorflow_classes_take_nothing_else_from_the_numpy_implementation(name, cls_of):
-    """mpidist.tensorflow.X derives from mpidist.X for isinstance and _setup; every other attribute
+    """mpidist.on_tensorflow.X derives from mpidist.X for isinstance and _setup; every other attribute
     must come from the TensorFlow side of its bases, or NumPy code would run on TensorFlow values."""
     tf_cls = cls_of(mpidist.on_tensorflow)
     numpy_side = [c for c in cls_of(mpidist).__mro__ if c is not object]
