@@ -33,8 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives import Engine
-from ..collectives import gpu as this_gpu
 from ..collectives.gpu import binding, cupy_arrays, facts
+from ..collectives.options import CallOptions
 from .paths import load_before
 from .timing import fmt_size, paired_ratios, parse_size, samples
 
@@ -63,16 +63,23 @@ class Side:
         self.gpu = package.collectives.gpu if package is not None else None
         make = package.collectives.Engine if package is not None else Engine
         self.auto, self.ring = make(comm), make(comm)
-        self.ring_context = contextvars.copy_context()  # RING set once, entered per call (cheap)
-        self.ring_block = (self.gpu or this_gpu).implementation("ring")
-        self.ring_context.run(self.ring_block.__enter__)
+        block = getattr(self.gpu, "implementation", None)  # an older package (--before): a context block
+        self.ring_block: Any = None
+        self.ring_context: contextvars.Context | None = None
+        if block is not None:  # RING set once, entered per call (cheap)
+            self.ring_block = block("ring")
+            self.ring_context = contextvars.copy_context()
+            self.ring_context.run(self.ring_block.__enter__)
+        options = package.collectives.options.CallOptions if package is not None else CallOptions
+        self.ring_options = None if block is not None else options(implementation="ring")  # this one: an option
 
     def path(self, engine: Any) -> str:
         state = (self.gpu.facts if self.gpu is not None else facts).state(engine)
         return state.last_path.value if state.last_path is not None else "?"
 
     def close(self) -> None:
-        self.ring_context.run(self.ring_block.__exit__, None, None, None)
+        if self.ring_context is not None:
+            self.ring_context.run(self.ring_block.__exit__, None, None, None)
         self.auto.close()
         self.ring.close()
 
@@ -103,10 +110,11 @@ def run(sizes: list[int], staged_sizes: list[int], seconds: float, comm: MPI.Int
     refused = nccl_refusal(cp, raw_comm)
     out: dict[str, Any] = {"ranks": size, "refused": refused, "nccl": None, "staged": [], "paths": {}}
 
-    def mpidist_case(engine: Any, context: contextvars.Context | None, x: Any) -> Callable[[], Any]:
+    def mpidist_case(engine: Any, context: contextvars.Context | None, x: Any,
+                     options: Any = None) -> Callable[[], Any]:
         if context is None:
             def call() -> Any:
-                result = engine.allreduce(x)
+                result = engine.allreduce(x, options=options)
                 stream.synchronize()
                 return result
         else:
@@ -149,7 +157,7 @@ def run(sizes: list[int], staged_sizes: list[int], seconds: float, comm: MPI.Int
         cases = {"loop": loop}
         for side in sides:
             cases["auto" + side.label] = mpidist_case(side.auto, None, x)
-            cases["ring" + side.label] = mpidist_case(side.ring, side.ring_context, x)
+            cases["ring" + side.label] = mpidist_case(side.ring, side.ring_context, x, side.ring_options)
         _checked(cases, cp, expected, f"staged, {fmt_size(nbytes)}")
         for side in sides:
             out["paths"]["auto" + side.label] = side.path(side.auto)

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives.gpu import bind_device, cupy_arrays, cupy_reason, facts, implementation, nccl_reason
+from ..collectives.gpu import bind_device, cupy_arrays, cupy_reason, facts, nccl_reason
+from ..collectives.options import CallOptions
 from ..errors import GpuUnavailableError
 from ..topology import mpi_library
 from .context import (
@@ -122,29 +123,28 @@ def cuda_aware_mpi(ctx: Context) -> Outcome:
               timing_line("float32 sum", ctx.nbytes, seconds, allreduce_bus_factor(ctx.size)), seconds)
 
 
-def _collectives_on_device(ctx: Context, cp: Any, algorithm: str | None,
-                           timeout: float | None) -> tuple[str | None, str]:
-    """The five collectives on CuPy arrays against NumPy (every call on every rank): the first
-    difference this rank saw (or None), and the path the allreduces took."""
+def _collectives_on_device(ctx: Context, cp: Any, options: CallOptions) -> tuple[str | None, str]:
+    """The five collectives on CuPy arrays against NumPy (every call on every rank, with ``options``:
+    implementation, algorithm, deadline): the first difference this rank saw (or None), and the path
+    the allreduces took."""
     engine, size, rank, wrong, path = ctx.engine, ctx.size, ctx.rank, None, "?"
     for dtype in DTYPES:
         name = np.dtype(dtype).name
         for op in ("sum", "max"):
-            got = engine.allreduce(cp.asarray(make(rank, dtype, (3001,), op)), op, algorithm=algorithm,
-                                   timeout_seconds=timeout)
+            got = engine.allreduce(cp.asarray(make(rank, dtype, (3001,), op)), op, options=options)
             last = facts.state(engine).last_path
             path = last.value if last is not None else "?"
             wrong = wrong or mismatch(f"allreduce {op} {name}", cp.asnumpy(got), reference(size, dtype, (3001,), op))
-        got = engine.broadcast(cp.asarray(make(rank, dtype, (1001,))), root=size - 1, timeout_seconds=timeout)
+        got = engine.broadcast(cp.asarray(make(rank, dtype, (1001,))), root=size - 1, options=options)
         wrong = wrong or mismatch(f"broadcast {name} root={size - 1}", cp.asnumpy(got), make(size - 1, dtype, (1001,)))
-        got = engine.allgather(cp.asarray(make(rank, dtype, (rank + 1, 3))), timeout_seconds=timeout)
+        got = engine.allgather(cp.asarray(make(rank, dtype, (rank + 1, 3))), options=options)
         expected = np.concatenate([make(r, dtype, (r + 1, 3)) for r in range(size)])
         wrong = wrong or mismatch(f"allgather {name}", cp.asnumpy(got), expected)
-        got = engine.reduce(cp.asarray(make(rank, dtype, (501,))), root=0, timeout_seconds=timeout)
+        got = engine.reduce(cp.asarray(make(rank, dtype, (501,))), root=0, options=options)
         if rank == 0:
             wrong = wrong or mismatch(f"reduce sum {name}", cp.asnumpy(got), reference(size, dtype, (501,), "sum"))
         rows = 2 * size + 1
-        got = engine.reduce_scatter(cp.asarray(make(rank, dtype, (rows, 3))), timeout_seconds=timeout)
+        got = engine.reduce_scatter(cp.asarray(make(rank, dtype, (rows, 3))), options=options)
         expected = np.array_split(reference(size, dtype, (rows, 3), "sum"), size)[rank]
         wrong = wrong or mismatch(f"reduce_scatter sum {name}", cp.asnumpy(got), expected)
     return wrong, path
@@ -166,29 +166,29 @@ def gpu_paths(ctx: Context) -> list[tuple[str, Outcome]]:
     results, seen = [], set()
     for name, impl, algorithm, deadline in CONFIGS:
         title = f"GPU collectives over {name}"
-        timeout = ctx.timeout if deadline else None
-        with implementation(impl, requested_by="python -m mpidist check"):
-            try:
-                wrong, label = _collectives_on_device(ctx, cp, algorithm, timeout)
-            except GpuUnavailableError as exc:  # NCCL unusable for this job: every rank raised, alike
-                local = nccl_reason()
-                results.append((title, missing(f"{exc}", cupy_arrays.INSTALL_NCCL) if local is not None
-                                else skipped(str(exc))))
-                continue
-            if label in seen:
-                results.append((title, skipped(f"allreduce takes path {label} here, checked above")))
-                continue
-            seen.add(label)
-            found = settle(ctx, None if wrong is None else f"path {label}: {wrong}")
-            if found is not None:
-                results.append((title, found))
-                continue
-            x = cp.ones(ctx.nbytes // 4, dtype=cp.float32)
-            stream = cp.cuda.get_current_stream()
+        options = CallOptions(timeout_seconds=ctx.timeout if deadline else None, implementation=impl,
+                              algorithm=algorithm, requested_by="python -m mpidist check")
+        try:
+            wrong, label = _collectives_on_device(ctx, cp, options)
+        except GpuUnavailableError as exc:  # NCCL unusable for this job: every rank raised, alike
+            local = nccl_reason()
+            results.append((title, missing(f"{exc}", cupy_arrays.INSTALL_NCCL) if local is not None
+                            else skipped(str(exc))))
+            continue
+        if label in seen:
+            results.append((title, skipped(f"allreduce takes path {label} here, checked above")))
+            continue
+        seen.add(label)
+        found = settle(ctx, None if wrong is None else f"path {label}: {wrong}")
+        if found is not None:
+            results.append((title, found))
+            continue
+        x = cp.ones(ctx.nbytes // 4, dtype=cp.float32)
+        stream = cp.cuda.get_current_stream()
 
-            def timed(x=x, algorithm=algorithm, timeout=timeout, stream=stream):
-                return ctx.engine.allreduce(x, algorithm=algorithm, timeout_seconds=timeout), stream.synchronize()
-            seconds = median_seconds(timed, ctx.repeat)
+        def timed(x=x, options=options, stream=stream):
+            return ctx.engine.allreduce(x, options=options), stream.synchronize()
+        seconds = median_seconds(timed, ctx.repeat)
         results.append((title, ok(f"allreduce path {label}: allreduce, broadcast, allgather, reduce, reduce_scatter "
                                   f"of every dtype equal the host reference",
                                   timing_line(f"path {label}, float32 sum", ctx.nbytes, seconds,

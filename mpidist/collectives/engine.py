@@ -138,10 +138,13 @@ class Engine:
         pipeline = self.pipeline
         if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
             pipeline.pending.wait_idle()
-        plain = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None \
-            and (options is None or getattr(options, "empty", False) is True)
-        if plain and pipeline.broken is None:  # a repeat of an earlier plain call: see fastpath.py
-            fast = pipeline.fast.lookup(op, value)
+        no_arguments = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None
+        plain = no_arguments and (options is None or getattr(options, "empty", False) is True)
+        # the cached fast path also serves calls that only choose the implementation for device arrays
+        implementation = "auto" if options is None or plain else \
+            options.implementation if no_arguments and getattr(options, "implementation_only", False) is True else None
+        if implementation is not None and pipeline.broken is None:  # a repeat of an earlier call: fastpath.py
+            fast = pipeline.fast.lookup(op, value, implementation)
             if fast is not None:
                 try:
                     return fast(value)
@@ -155,8 +158,8 @@ class Engine:
         except Exception as exc:  # an argument error on this rank: on every rank (see fail)
             self.fail(where, exc)
         result = self._run(where, value, (red.value, None), dict(op=red), resolved)
-        if plain:
-            pipeline.fast.remember(op, red, value)
+        if implementation is not None:
+            pipeline.fast.remember(op, red, value, implementation)
         return result
 
     def allreduce_async(self, value: Any, op: Any = "sum", *, bytes_per_pack: int | None = None,

@@ -72,8 +72,7 @@ class FastPaths:
         self._devices: dict[tuple, tuple[int, Callable]] = {}
         self._device_kind: type | None = None  # cupy.ndarray, once collectives/gpu registered
         self._current_device: Callable[[], int] = int
-        self._implementation: Callable[[], Any] = tuple
-        self._build_device: Callable[[Any, Op, Any], Callable | None] | None = None
+        self._build_device: Callable[[Any, Op, Any, str], Callable | None] | None = None
 
     def clear(self) -> None:
         """Forget every cached call (the pipeline is closed or its communicator replaced)."""
@@ -83,29 +82,30 @@ class FastPaths:
         self._nests.clear()
         self._devices.clear()
 
-    def attach_devices(self, kind: type, current_device: Callable[[], int], implementation: Callable[[], Any],
-                       build: Callable[[Any, Op, Any], Callable | None]) -> None:
+    def attach_devices(self, kind: type, current_device: Callable[[], int],
+                       build: Callable[[Any, Op, Any, str], Callable | None]) -> None:
         """Cache calls on arrays of type ``kind`` too (collectives/gpu/fast.py): ``current_device()``
-        and ``implementation()`` are part of their key, ``build(op, red, value)`` makes the cached
-        function (or None: leave the call to the general path)."""
-        self._device_kind, self._current_device, self._implementation = kind, current_device, implementation
+        and the call's implementation are part of their key, ``build(op, red, value, implementation)``
+        makes the cached function (or None: leave the call to the general path)."""
+        self._device_kind, self._current_device = kind, current_device
         self._build_device = build
 
     def attached(self, kind: type) -> bool:
         """Whether calls on arrays of type ``kind`` are cached (:meth:`attach_devices`)."""
         return self._device_kind is kind
 
-    def device_key(self, op: Any, value: Any) -> tuple:
+    def device_key(self, op: Any, value: Any, implementation: str = "auto") -> tuple:
         """The key of a call on device arrays (what :meth:`lookup` builds inline)."""
         kind = type(value)  # (not `type(value) is ...`: mypy would narrow `value` to object)
         if kind is self._device_kind:
             return (op, value.dtype, value.shape, value.strides, value.data.device_id, self._current_device(),
-                    self._implementation())
+                    implementation)
         return (op, type(value), tuple([(type(a), a.dtype, a.shape, a.strides, a.data.device_id) for a in value]),
-                self._current_device(), self._implementation())
+                self._current_device(), implementation)
 
-    def lookup(self, op: Any, value: Any) -> Callable | None:
-        """The cached function for ``value`` (called with ``value``), or None."""
+    def lookup(self, op: Any, value: Any, implementation: str = "auto") -> Callable | None:
+        """The cached function for ``value`` (called with ``value``), or None. ``implementation``
+        (the call's, for device arrays: auto, ring or nccl) is part of a device call's key."""
         kind = type(value)
         entry: tuple[int, Callable | None] | None
         if kind is np.ndarray:
@@ -117,7 +117,7 @@ class FastPaths:
                 if value and type(value[0]) is self._device_kind:  # device_key, inline
                     entry = self._devices.get((op, kind, tuple([(type(a), a.dtype, a.shape, a.strides,
                                                                  a.data.device_id) for a in value]),
-                                               self._current_device(), self._implementation()))
+                                               self._current_device(), implementation))
                 else:
                     entry = self._lists.get(_leaves_key(op, kind, value))
             except (AttributeError, TypeError):  # a container or other leaf inside: a nest of nests?
@@ -129,14 +129,14 @@ class FastPaths:
                 entry = self._nested(op, value)
         elif kind is self._device_kind:  # device_key, inline: no call on the hot path
             entry = self._devices.get((op, value.dtype, value.shape, value.strides, value.data.device_id,
-                                       self._current_device(), self._implementation()))
+                                       self._current_device(), implementation))
         else:
             return None
         if entry is None or entry[0] != rc.generation:
             return None
         return entry[1]
 
-    def remember(self, op: Any, red: Op, value: Any) -> None:
+    def remember(self, op: Any, red: Op, value: Any, implementation: str = "auto") -> None:
         """Cache ``value``'s call if it qualifies (see the module docstring)."""
         if rc.timeline or rc.timeout_seconds is not None or rc.compression != "none":  # compression.py's path
             return
@@ -151,7 +151,8 @@ class FastPaths:
             self._store(self._dicts, _dict_key(op, value), self._dict_path(red, value))
         elif self._build_device is not None and (kind is self._device_kind or (
                 (kind is list or kind is tuple) and value and all([type(a) is self._device_kind for a in value]))):
-            self._store(self._devices, self.device_key(op, value), self._build_device(op, red, value))
+            self._store(self._devices, self.device_key(op, value, implementation),
+                        self._build_device(op, red, value, implementation))
         elif (kind is list or kind is tuple or kind is dict) and \
                 set(map(type, value.values() if kind is dict else value)) != _NDARRAY:  # a nest of nests
             try:

@@ -55,8 +55,9 @@ class CallOptions:
     ``bytes_per_pack``: pack size in bytes (0: automatic packing); ``num_packs``: split each dtype group
     into this many packs (0: every leaf alone; not with ``bytes_per_pack``); ``algorithm``: auto,
     flat or hierarchical; ``timeout_seconds``: deadline of the whole collective (0: none);
-    ``implementation``: for device buffers, auto, ring (MPI only) or nccl; ``compression``: none,
-    float16 or bfloat16 for float32 SUM/MEAN allreduce data on the wire (compression.py).
+    ``implementation``: for device buffers, auto, ring (MPI only) or nccl (``requested_by``: the API
+    that asked for it, named in errors, e.g. "NcclAllReduce"); ``compression``: none, float16 or
+    bfloat16 for float32 SUM/MEAN allreduce data on the wire (compression.py).
     """
 
     bytes_per_pack: int | None = None
@@ -65,7 +66,10 @@ class CallOptions:
     num_packs: int | None = None
     algorithm: str | None = None
     compression: str | None = None
+    requested_by: str | None = None
     empty: bool = field(init=False, repr=False, compare=False)  # nothing set: the engine's plain call
+    # nothing but the implementation set: the engine's cached fast path still serves the call
+    implementation_only: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         checked = _checked("CallOptions", self.bytes_per_pack, self.num_packs, self.algorithm,
@@ -91,10 +95,11 @@ class CallOptions:
             bpp, npk = over.bytes_per_pack, over.num_packs
         else:
             bpp, npk = self.bytes_per_pack, self.num_packs
+        implementation, requested_by = (self.implementation, self.requested_by) if over.implementation == "auto" \
+            else (over.implementation, over.requested_by)
         return CallOptions(bpp, self.timeout_seconds if over.timeout_seconds is None else over.timeout_seconds,
-                           self.implementation if over.implementation == "auto" else over.implementation, npk,
-                           self.algorithm if over.algorithm is None else over.algorithm,
-                           self.compression if over.compression is None else over.compression)
+                           implementation, npk, self.algorithm if over.algorithm is None else over.algorithm,
+                           self.compression if over.compression is None else over.compression, requested_by)
 
     def resolve(self) -> Resolved:
         """Every field concrete, rc's defaults filled in (read now: rc may have changed)."""
@@ -102,7 +107,7 @@ class CallOptions:
         return Resolved(rc.bytes_per_pack if self.bytes_per_pack is None else self.bytes_per_pack,
                         self.num_packs, rc.algorithm if self.algorithm is None else self.algorithm,
                         None if timeout == NO_DEADLINE else timeout, self.implementation,
-                        rc.compression if self.compression is None else self.compression)
+                        rc.compression if self.compression is None else self.compression, self.requested_by)
 
 
 _FIELDS = ("bytes_per_pack", "num_packs", "algorithm", "timeout_seconds", "implementation",
@@ -113,8 +118,9 @@ def _set(options: CallOptions, checked: tuple) -> None:
     for name, value in zip(_FIELDS, checked):
         object.__setattr__(options, name, value)
     bpp, npk, alg, timeout, impl, comp = checked
-    object.__setattr__(options, "empty", bpp is None and npk is None and alg is None and timeout is None
-                       and impl == "auto" and comp is None)
+    rest = bpp is None and npk is None and alg is None and timeout is None and comp is None
+    object.__setattr__(options, "empty", rest and impl == "auto")
+    object.__setattr__(options, "implementation_only", rest)
 
 
 def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, timeout_seconds: Any,
@@ -135,12 +141,14 @@ def _checked(where: str, bytes_per_pack: Any, num_packs: Any, algorithm: Any, ti
 class Resolved:
     """Options with every field concrete: ``timeout`` is the deadline in seconds or None (none)."""
 
-    __slots__ = ("bytes_per_pack", "num_packs", "algorithm", "timeout", "implementation", "compression")
+    __slots__ = ("bytes_per_pack", "num_packs", "algorithm", "timeout", "implementation", "compression",
+                 "requested_by")
 
     def __init__(self, bytes_per_pack: int, num_packs: int | None, algorithm: str, timeout: float | None,
-                 implementation: str = "auto", compression: str = "none") -> None:
+                 implementation: str = "auto", compression: str = "none", requested_by: str | None = None) -> None:
         self.bytes_per_pack, self.num_packs, self.algorithm = bytes_per_pack, num_packs, algorithm
         self.timeout, self.implementation, self.compression = timeout, implementation, compression
+        self.requested_by = requested_by
 
     @staticmethod
     def defaults() -> Resolved:

@@ -13,7 +13,8 @@ compatibility and ignored. Each class picks an engine path:
 - ``ReductionToOneDevice(reduce_to_device=None)``: reduce to the root rank, then broadcast.
 
 For device (CuPy) buffers the implementation asked for (``CommunicationOptions.implementation``,
-or NCCL for NcclAllReduce) reaches the engine's GPU path through ``collectives.gpu.implementation``.
+or NCCL for NcclAllReduce) reaches the engine's GPU path in the call's options
+(``CallOptions.implementation``, with ``requested_by`` naming this object in errors).
 
 A CrossDeviceOps object is bound to a strategy's engine when the strategy is built; used on its
 own it binds to an engine over COMM_WORLD on first use (collective).
@@ -35,7 +36,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..collectives import Engine, gpu
+from ..collectives import Engine
 from ..collectives.options import CallOptions
 from ..validation import check_bytes_per_pack, check_num_packs, is_integer
 from .options import call_options_of
@@ -119,8 +120,9 @@ class CrossDeviceOps:
     def broadcast_arrays(self, value: Any, root: int = 0, options: CallOptions | None = None) -> Any:
         """``root``'s arrays (a nest) on every rank (``options``: their timeout)."""
         timeout = None if options is None else options.timeout_seconds
-        with gpu.implementation(*self._implementation(None)):
-            return self.engine.broadcast(value, root=root, timeout_seconds=timeout)
+        implementation, who = self._implementation(None)
+        return self.engine.broadcast(value, root=root, options=CallOptions(
+            timeout_seconds=timeout, implementation=implementation, requested_by=who))
 
     def implementation_for(self, options: CallOptions | None = None) -> str:
         """The implementation device buffers take: "auto", "ring" or "nccl" (lower case)."""
@@ -133,18 +135,19 @@ class CrossDeviceOps:
     def engine_options(self, options: CallOptions) -> CallOptions:
         """What the engine gets for a call with ``options``: this object's algorithm and packing
         (its ``num_packs`` over the call's ``bytes_per_pack``, its ``bytes_per_pack`` where the call
-        sets none), the call's timeout and compression; the implementation for device buffers is
-        this object's ``gpu.implementation`` block, not an engine option."""
+        sets none), the call's timeout and compression, and the implementation for device buffers
+        (this object's, or the call's: :meth:`_implementation`), naming this object as who asked."""
         packing = self._packing()
         num_packs = packing.get("num_packs")
         bpp = None if num_packs is not None else \
             options.bytes_per_pack if options.bytes_per_pack is not None else packing.get("bytes_per_pack")
-        return CallOptions(bpp, options.timeout_seconds, "auto", num_packs, self.algorithm, options.compression)
+        implementation, who = self._implementation(options)
+        return CallOptions(bpp, options.timeout_seconds, implementation, num_packs, self.algorithm,
+                           options.compression, who)
 
     def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
-        with gpu.implementation(*self._implementation(options)):
-            return self.engine.allreduce(value, op, options=self.engine_options(options))
+        return self.engine.allreduce(value, op, options=self.engine_options(options))
 
     def __repr__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self._packing().items())
@@ -225,10 +228,10 @@ class ReductionToOneDevice(CrossDeviceOps):
         if self.root >= engine.size:
             raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
                              f"{engine.size} ranks")
-        with gpu.implementation(*self._implementation(options)):
-            reduced = engine.reduce(value, op, root=self.root, timeout_seconds=timeout)
-            return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root,
-                                    timeout_seconds=timeout)
+        implementation, who = self._implementation(options)
+        call = CallOptions(timeout_seconds=timeout, implementation=implementation, requested_by=who)
+        reduced = engine.reduce(value, op, root=self.root, options=call)
+        return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root, options=call)
 
 
 _NOTHING_SET = CallOptions()

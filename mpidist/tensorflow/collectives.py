@@ -93,7 +93,7 @@ def _call(name: str, run: Callable[[list[np.ndarray]], list[np.ndarray]], tensor
     wire, original = _to_wire(tensors)
     # -- GPU hook (issue 8): GPU tensors go DLPack -> CuPy -> engine -> DLPack, no host copies --
     if gpu_bridge.wanted(wire, options.implementation, where):
-        return _from_wire(gpu_bridge.call(name, run, wire, shapes, options.implementation), original)
+        return _from_wire(gpu_bridge.call(name, run, wire, shapes), original)
     # -- end of GPU hook --
     if tf.executing_eagerly():
         results = run([t.numpy() for t in wire])

@@ -103,28 +103,27 @@ def to_tensorflow(cp: Any, array: Any) -> Any:
     return tf.experimental.dlpack.from_dlpack(capsule)
 
 
-def run_eager(run: Callable[[list[Any]], list[Any]], tensors: Sequence[Any], implementation: str) -> list[Any]:
+def run_eager(run: Callable[[list[Any]], list[Any]], tensors: Sequence[Any]) -> list[Any]:
     """Eager tensors in, ``run`` on CuPy arrays (host-backed ones as NumPy), TensorFlow tensors out."""
     cp = cupy_arrays.load_cupy()
     arrays = [to_cupy(cp, t) if backed_on_gpu(t) else host_copy(t) for t in tensors]
     device = next((a.device.id for a in arrays if cupy_arrays.is_device_array(a)), None)
     with cp.cuda.Device(device if device is not None else cp.cuda.Device().id):
         cp.cuda.runtime.deviceSynchronize()  # TensorFlow's streams have finished writing the inputs
-        with paths.implementation(implementation):
-            results = run(arrays)
+        results = run(arrays)  # whose engine calls carry the implementation in their options
         cp.cuda.get_current_stream().synchronize()  # TensorFlow reads the results on its own streams
         return [to_tensorflow(cp, r) if cupy_arrays.is_device_array(r) else tf.convert_to_tensor(r)
                 for r in results]
 
 
 def call(name: str, run: Callable[[list[Any]], list[Any]], tensors: Sequence[Any],
-         shapes: Callable[[tf.TensorShape], tf.TensorShape], implementation: str) -> list[Any]:
+         shapes: Callable[[tf.TensorShape], tf.TensorShape]) -> list[Any]:
     """The collective on ``tensors``: eagerly, or as one ``tf.py_function`` op on their GPU."""
     if tf.executing_eagerly():
-        return run_eager(run, tensors, implementation)
+        return run_eager(run, tensors)
 
     def func(*inputs: Any) -> list[Any]:
-        return run_eager(run, list(inputs), implementation)
+        return run_eager(run, list(inputs))
 
     device = next((t.device for t in tensors if _gpu_device_name(t.device)), "") or "/device:GPU:0"
     with tf.device(device):

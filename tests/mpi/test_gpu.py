@@ -34,7 +34,8 @@ from reference import DTYPES, OPS, SHAPES, make, reduce_all, valid
 import mpidist
 from mpidist.collectives import timeline
 from mpidist.collectives.gpu import facts as gpu_facts
-from mpidist.collectives.gpu import paths, transports
+from mpidist.collectives.gpu import transports
+from mpidist.collectives.options import CallOptions
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError, GpuUnavailableError
 from mpidist.topology import mpi_library
@@ -66,8 +67,8 @@ def setup(request, cp):
     with mpidist.rc.override(cuda_aware_mpi=aware):
         engine = mpidist.Engine()
         try:
-            with paths.implementation(implementation):
-                engine.allreduce(cp.ones(1, dtype=cp.float32))  # fixes this engine's job facts and path
+            # fixes this engine's job facts and path
+            engine.allreduce(cp.ones(1, dtype=cp.float32), options=CallOptions(implementation=implementation))
         except GpuUnavailableError as err:  # raised alike on every rank
             engine.close()
             pytest.skip(str(err))
@@ -78,8 +79,8 @@ def setup(request, cp):
 
 
 def call(s: Setup, method: str, *args, **kwargs):
-    with paths.implementation(s.implementation):
-        return getattr(s.engine, method)(*args, **kwargs)
+    """The engine's ``method``, with the setup's implementation in the call's options."""
+    return getattr(s.engine, method)(*args, options=CallOptions(implementation=s.implementation), **kwargs)
 
 
 def check(cp, result, expected: np.ndarray, op: str = "sum") -> None:

@@ -23,7 +23,8 @@ import pytest
 from mpi4py import MPI
 
 import mpidist
-from mpidist.collectives.gpu import facts as gpu_facts, paths
+from mpidist.collectives.gpu import facts as gpu_facts
+from mpidist.collectives.options import CallOptions
 from mpidist.collectives.gpu.paths import Path
 from mpidist.errors import CollectiveMismatchError
 from gpu_arrays import REAL_GPU, cp  # noqa: F401 (cp: the module-scoped CuPy fixture)
@@ -46,8 +47,9 @@ def kind(request, cp, comm):
 
 @contextlib.contextmanager
 def settings(implementation):
-    with mpidist.rc.override(cuda_aware_mpi="no"), paths.implementation(implementation):
-        yield
+    """The block's settings, and the options its calls pass (only the implementation: the cached path's)."""
+    with mpidist.rc.override(cuda_aware_mpi="no"):
+        yield CallOptions(implementation=implementation)
 
 
 def calls_inside_mpidist(fn, repeats=5):
@@ -88,18 +90,18 @@ def test_steady_state_cost_and_results(cp, kind, leaves, op):
     shapes = [(257,)] if leaves == 1 else [(i + 1, 3) if i % 2 else (40 + i,) for i in range(leaves)]
     host = [[make(r, np.float32, s, op, seed=i) for i, s in enumerate(shapes)] for r in range(size)]
     value = cp.asarray(host[rank][0]) if leaves == 1 else [cp.asarray(h) for h in host[rank]]
-    with settings(implementation):
+    with settings(implementation) as opts:
         for _ in range(3):  # the general path, then repeats: cached, speculating
-            out = engine.allreduce(value, op)
+            out = engine.allreduce(value, op, options=opts)
         state = gpu_facts.state(engine)
         assert state.last_path is expected_path(name, engine)
         assert engine.pipeline.agreement.last[1], "the signature's data steps were not recorded"
         made = state.staging.made if state.staging is not None else 0
         import fake_stream
         waits = fake_stream.device().waits if not REAL_GPU else 0
-        calls = calls_inside_mpidist(lambda: engine.allreduce(value, op))
+        calls = calls_inside_mpidist(lambda: engine.allreduce(value, op, options=opts))
         per_call_waits = (fake_stream.device().waits - waits) / 5 if not REAL_GPU else 0
-        out = engine.allreduce(value, op)
+        out = engine.allreduce(value, op, options=opts)
     # the most any rank counted, so that every rank passes or fails alike (a rank failing alone would
     # leave the others waiting in the next test's collectives)
     world = engine.topology.comm
@@ -129,8 +131,8 @@ def test_conversions_and_tuples_on_the_cached_path(cp, kind):
     dtypes = [np.bool_, np.float16, np.int16, np.float64]
     host = [[make(r, d, (5, 2), "max", seed=i) for i, d in enumerate(dtypes)] for r in range(size)]
     value = tuple(cp.asarray(h) for h in host[rank])
-    with settings(implementation):
-        outs = [engine.allreduce(value, "max") for _ in range(3)]
+    with settings(implementation) as opts:
+        outs = [engine.allreduce(value, "max", options=opts) for _ in range(3)]
     for out in outs:
         assert isinstance(out, tuple)
         for i, r in enumerate(out):
@@ -148,12 +150,12 @@ def test_two_streams_on_the_cached_path(cp, kind):
     streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
     host = [make(r, np.float64, (1000,), seed=4) for r in range(size)]
     outs = []
-    with settings(implementation):
+    with settings(implementation) as opts:
         for step in range(6):
             with streams[step % 2]:
                 x = cp.asarray(host[rank])
                 x *= step + 1  # pending on this stream
-                outs.append((step, streams[step % 2], engine.allreduce(x)))
+                outs.append((step, streams[step % 2], engine.allreduce(x, options=opts)))
     for step, stream, out in outs:
         np.testing.assert_array_equal(out.get(stream=stream), reduce_all(host, "sum") * (step + 1))
 
@@ -174,9 +176,9 @@ def test_a_mismatch_while_others_speculate_is_an_error_everywhere(cp, kind, othe
     rank, size = engine.rank, engine.size
     host = [make(r, np.float32, (300,), seed=2) for r in range(size)]
     x = cp.asarray(host[rank])
-    with settings(implementation):
+    with settings(implementation) as opts:
         for _ in range(3):
-            engine.allreduce(x)
+            engine.allreduce(x, options=opts)
         assert engine.pipeline.agreement.last[1]  # a recipe: repeats speculate
         if rank == 0:
             value = x
@@ -185,12 +187,12 @@ def test_a_mismatch_while_others_speculate_is_an_error_everywhere(cp, kind, othe
         else:
             value = cp.asarray(host[rank][:7])
         with pytest.raises(CollectiveMismatchError, match="ranks issued different collectives"):
-            engine.allreduce(value)
+            engine.allreduce(value, options=opts)
         if rank == 0:
             assert drained == []  # it speculated
         else:  # the others replayed rank 0's steps: NCCL calls on the nccl path, MPI calls otherwise
             assert len(drained) == 1 and drained[0], drained
             assert isinstance(drained[0], DeviceRecipe) is (gpu_facts.state(engine).last_path is Path.NCCL)
         for _ in range(3):
-            out = engine.allreduce(x)
+            out = engine.allreduce(x, options=opts)
             np.testing.assert_array_equal(cp.asnumpy(out), reduce_all(host, "sum"))

@@ -10,7 +10,7 @@ from reference import make, reduce_all
 
 import mpidist
 from mpidist.collectives.gpu import facts as gpu_facts
-from mpidist.collectives.gpu import paths
+from mpidist.collectives.options import CallOptions
 from mpidist.overlap import GradientBuckets
 
 pytestmark = [pytest.mark.mpi, pytest.mark.node_layout] + ([] if REAL_GPU else [pytest.mark.fake_gpu])
@@ -56,14 +56,14 @@ def test_gradient_buckets_on_device_arrays(cp, comm):
             np.testing.assert_array_equal(cp.asnumpy(g), reduce_all([h[i] for h in host], "mean"))
 
 
-def test_the_callers_implementation_block_reaches_the_progress_thread(cp, comm):
-    """``gpu.implementation`` is a context variable: the progress thread runs in the caller's context."""
+def test_the_calls_implementation_reaches_the_progress_thread(cp, comm):
+    """The implementation travels in the call's options, which the progress thread runs with."""
     engine = mpidist.Engine(comm)
     try:
         state = gpu_facts.state(engine)
         for implementation, nccl in (("ring", False), ("auto", True)):
-            with paths.implementation(implementation):
-                pending = engine.allreduce_async(cp.ones(4, dtype=cp.float32))
+            pending = engine.allreduce_async(cp.ones(4, dtype=cp.float32),
+                                             options=CallOptions(implementation=implementation))
             np.testing.assert_array_equal(cp.asnumpy(pending.wait()), np.full(4, comm.Get_size(), np.float32))
             if implementation == "ring" or NCCL_ALWAYS:  # the fake's NCCL always works
                 assert state.last_path.uses_nccl is nccl, state.last_path

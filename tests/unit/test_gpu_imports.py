@@ -13,6 +13,7 @@ import pytest
 import mpidist
 from mpidist.collectives import gpu
 from mpidist.collectives.gpu import binding, cupy_arrays
+from mpidist.collectives.options import CallOptions
 from mpidist.errors import GpuUnavailableError
 
 no_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="cupy is installed here")
@@ -73,8 +74,9 @@ def test_device_leaf_without_cupy_is_a_clear_error():
             engine.allreduce({"w": np.ones(2), "g": FakeDeviceArray()}, "sum")
         assert str(err.value) == ("allreduce: leaf 0 of `value` is a CUDA device array (test_gpu_imports."
                                   "FakeDeviceArray), which needs CuPy, but " + NOT_INSTALLED)
-        with gpu.implementation("NCCL", "NcclAllReduce"), pytest.raises(GpuUnavailableError) as err:
-            engine.broadcast(FakeDeviceArray())
+        with pytest.raises(GpuUnavailableError) as err:
+            engine.broadcast(FakeDeviceArray(),
+                             options=CallOptions(implementation="NCCL", requested_by="NcclAllReduce"))
         assert str(err.value) == "NcclAllReduce: NCCL is not available: " + NOT_INSTALLED
         assert engine.broken is None  # nothing was sent: the engine stays usable
         assert engine.allreduce(np.ones(2)).tolist() == [1.0, 1.0]
@@ -99,17 +101,23 @@ def test_strategy_with_nccl_implementation_without_cupy():
     assert str(err.value) == "MultiWorkerMirroredStrategy: NCCL is not available: " + NOT_INSTALLED
 
 
-def test_implementation_context():
-    assert gpu.paths.current() == ("auto", None)
-    with gpu.implementation(mpidist.experimental.CommunicationImplementation.RING):
-        assert gpu.paths.current() == ("ring", None)
-        with gpu.implementation("nccl", "NcclAllReduce"):
-            assert gpu.paths.current() == ("nccl", "NcclAllReduce")
-        assert gpu.paths.current() == ("ring", None)
-    assert gpu.paths.current() == ("auto", None)
+def test_the_implementation_travels_in_the_options():
+    """No context variable: the implementation (and who asked for it) is a field of the call's
+    options; a call's choice wins over the defaults it is merged over, and only the implementation
+    set leaves the call on the engine's cached path."""
+    ring = CallOptions(implementation=mpidist.experimental.CommunicationImplementation.RING)
+    assert ring.implementation == "ring" and ring.requested_by is None
+    assert not ring.empty and ring.implementation_only
+    nccl = CallOptions(implementation="nccl", requested_by="NcclAllReduce")
+    merged = ring.merged(nccl)
+    assert (merged.implementation, merged.requested_by) == ("nccl", "NcclAllReduce")
+    assert (nccl.merged(CallOptions(timeout_seconds=5)).implementation, nccl.resolve().requested_by) == \
+        ("nccl", "NcclAllReduce")
+    assert not CallOptions(implementation="ring", timeout_seconds=5).implementation_only
+    assert CallOptions().empty and CallOptions().implementation_only
     with pytest.raises(ValueError, match="`implementation` must be one of AUTO, RING, NCCL, got 'gloo'"):
-        with gpu.implementation("gloo"):
-            pass
+        CallOptions(implementation="gloo")
+    assert not hasattr(gpu, "implementation") and not hasattr(gpu.paths, "current")
 
 
 def test_device_for_local_rank():

@@ -70,7 +70,9 @@ class SpyEngine:
 
 
 @pytest.mark.parametrize("ops, expected", [
-    (lambda: mpidist.NcclAllReduce(num_packs=2), CallOptions(timeout_seconds=3, num_packs=2)),
+    # the implementation travels in the options, with who asked for it (no context variable)
+    (lambda: mpidist.NcclAllReduce(num_packs=2), CallOptions(timeout_seconds=3, num_packs=2, implementation="nccl",
+                                                             requested_by="NcclAllReduce")),
     (lambda: mpidist.MPIAllReduce(), CallOptions(bytes_per_pack=0, timeout_seconds=3)),
     (lambda: mpidist.MPIAllReduce(bytes_per_pack=128), CallOptions(bytes_per_pack=0, timeout_seconds=3)),
     (lambda: mpidist.HierarchicalCopyAllReduce(), CallOptions(timeout_seconds=3, num_packs=1,

@@ -8,8 +8,8 @@ Nothing here imports CuPy at import time. One module per concern:
 
 - cupy_arrays: recognizing device arrays without CuPy; CuPy and NCCL loaded on first use, and why not;
 - nccl: NCCL dtype/op tables, reduction rules, the per-node communicator;
-- paths: the path of a collective (a pure function of facts all ranks share) and the
-  implementation asked for (AUTO, RING, NCCL) as a context variable;
+- paths: the path of a collective (a pure function of facts all ranks share), from the
+  implementation the call's options ask for (AUTO, RING, NCCL);
 - facts: per-communicator state (in the engine's pipeline): the job's facts, gathered once, and
   the NCCL communicator cache;
 - transports, hierarchical: moving device buffers over NCCL, NCCL+MPI, MPI on device pointers or
@@ -24,7 +24,8 @@ Nothing here imports CuPy at import time. One module per concern:
 from .binding import bind_device, device_for
 from .cupy_arrays import any_device, as_cupy, cupy_reason, is_device_array, nccl_reason
 from .dispatch import collective
-from .paths import Path, choose, implementation, unavailable_message
+from .paths import Path, choose, parse_implementation, unavailable_message
 
-__all__ = ["any_device", "as_cupy", "is_device_array", "cupy_reason", "nccl_reason", "collective", "implementation",
+__all__ = ["any_device", "as_cupy", "is_device_array", "cupy_reason", "nccl_reason", "collective",
+           "parse_implementation",
            "Path", "choose", "unavailable_message", "bind_device", "device_for"]

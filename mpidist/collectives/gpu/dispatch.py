@@ -121,11 +121,9 @@ def collective(pipeline: Pipeline, where: str, module: ModuleType, leaves: list[
                params: dict, options: Resolved, *, rec: Any = None, start: float = 0.0) -> Any:
     """Run the collective ``where`` on a nest holding device arrays (see the module docstring).
 
-    ``options.implementation`` (when not "auto") wins over the :func:`paths.implementation` block."""
-    implementation, requested_by = paths.current()
-    if options.implementation != "auto":
-        implementation, requested_by = options.implementation, None
-    who = requested_by or where
+    ``options.implementation`` chooses among the paths (``options.requested_by`` is named in errors)."""
+    implementation = options.implementation
+    who = options.requested_by or where
     cp = _require_cupy(leaves, implementation, who, where)
     fast.attach(pipeline, cp)
     views, device = _device(cp, leaves, where)

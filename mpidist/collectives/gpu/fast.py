@@ -50,11 +50,11 @@ def attach(pipeline: Any, cp: Any) -> None:
     fast = pipeline.fast
     if fast.attached(cp.ndarray):
         return
-    fast.attach_devices(cp.ndarray, cp.cuda.runtime.getDevice, paths.implementation_var.get,
-                        lambda op, red, value: build(pipeline, cp, red, value))
+    fast.attach_devices(cp.ndarray, cp.cuda.runtime.getDevice,
+                        lambda op, red, value, implementation: build(pipeline, cp, red, value, implementation))
 
 
-def build(pipeline: Any, cp: Any, red: Op, value: Any) -> Callable | None:
+def build(pipeline: Any, cp: Any, red: Op, value: Any, implementation: str = "auto") -> Callable | None:
     """The cached function repeating this allreduce of device arrays, or None (module docstring)."""
     single = type(value) is cp.ndarray
     leaves = [value] if single else list(value)
@@ -63,8 +63,7 @@ def build(pipeline: Any, cp: Any, red: Op, value: Any) -> Callable | None:
     if job is None or not _qualifies(cp, leaves):
         return None
     device = leaves[0].data.device_id
-    implementation, who = paths.current()
-    path = paths.choose(implementation, rc.algorithm, job, deadline=False, who=who or _WHERE)  # as dispatch.py
+    path = paths.choose(implementation, rc.algorithm, job, deadline=False, who=_WHERE)  # as dispatch.py
     topo = pipeline.topology
     if path is Path.NCCL:
         node = state.node_comms.get(device)

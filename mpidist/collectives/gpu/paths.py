@@ -17,17 +17,15 @@ topology as above. MPI on device pointers needs every rank's MPI to be CUDA-awar
 (``rc.cuda_aware_mpi``) and no deadline: with ``timeout_seconds`` MPI steps use non-blocking
 calls, which MPI libraries' CUDA support does not promise to cover, so they are staged.
 
-The implementation a call asks for travels in a context variable (:func:`implementation`), set by
-the cross-device ops and strategies from ``CommunicationOptions.implementation`` or by
-``NcclAllReduce``, so the engine's signature does not change.
+The implementation a call asks for travels in its options (``CallOptions.implementation``, with
+``requested_by`` naming the API that asked, e.g. ``NcclAllReduce``), set by the cross-device ops and
+strategies from ``CommunicationOptions.implementation``.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from ...errors import GpuUnavailableError
 from ...validation import check_choice
@@ -57,30 +55,9 @@ class JobFacts:
     cuda_aware: bool              # every rank's MPI reads device memory
 
 
-_current: contextvars.ContextVar[tuple[str, str | None]] = contextvars.ContextVar(
-    "mpidist_gpu_implementation", default=("auto", None))
-implementation_var = _current  # (implementation, requested_by): read by the cached fast path's key (fast.py)
-
-
 def parse_implementation(value: Any, where: str = "implementation") -> str:
     """"auto", "ring" or "nccl" from a string or an enum (ours or TensorFlow's CommunicationImplementation)."""
     return check_choice(value, where, "implementation", IMPLEMENTATIONS, upper=True)
-
-
-@contextlib.contextmanager
-def implementation(value: Any, requested_by: str | None = None) -> Iterator[None]:
-    """Collectives on device buffers inside the block use ``value`` (AUTO, RING or NCCL);
-    ``requested_by`` names the API in error messages (e.g. "NcclAllReduce")."""
-    token = _current.set((parse_implementation(value), requested_by))
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
-def current() -> tuple[str, str | None]:
-    """(implementation, who asked for it or None) in force for the calling context."""
-    return _current.get()
 
 
 def unavailable_message(who: str, reason: str) -> str:
