@@ -8,16 +8,14 @@ from ._config import rc
 from ._version import __version__
 from .collectives import Engine, Op  # Op is ReduceOp: one class, defined in collectives
 from .cross_device import ReduceOp
-from .frameworks import (
+from .cross_device_ops import (
     CrossDeviceOps,
     HierarchicalCopyAllReduce,
-    MirroredStrategy,
     MPIAllReduce,
-    MultiWorkerMirroredStrategy,
     NcclAllReduce,
-    OneDeviceStrategy,
     ReductionToOneDevice,
 )
+from .frameworks import MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy
 from .input import DistributedDataset, DistributedIterator, InputContext, InputOptions, InputReplicationMode
 from .strategies import (
     ReplicaContext,

@@ -41,7 +41,8 @@ from ._config import rc
 from .collectives import Engine, progress
 from .collectives.options import CallOptions
 from .collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
-from .cross_device import MPIAllReduce, ReduceOp, as_reduce_op, call_options_of
+from .cross_device import ReduceOp, as_reduce_op, call_options_of
+from .cross_device_ops import MPIAllReduce
 from .strategies import StrategyExtended, get_strategy
 from .validation import is_integer
 

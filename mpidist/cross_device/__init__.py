@@ -1,12 +1,6 @@
-"""Cross-device layer: CrossDeviceOps family, ReduceOp, communication options."""
-from .ops import (
-                  CrossDeviceOps,
-                  HierarchicalCopyAllReduce,
-                  MPIAllReduce,
-                  NcclAllReduce,
-                  ReductionToOneDevice,
-                  local_value,
-)
+"""Cross-device layer: the CrossDeviceOps base (the public classes are in mpidist/cross_device_ops.py),
+ReduceOp, communication options."""
+from .ops import CrossDeviceOps, local_value, reduction_to_root, root_of
 from .options import (
                   CollectiveCommunication,
                   CollectiveHints,
@@ -18,7 +12,6 @@ from .options import (
 )
 from .reduce_op import ReduceOp, as_reduce_op
 
-__all__ = ["CrossDeviceOps", "HierarchicalCopyAllReduce", "MPIAllReduce", "NcclAllReduce",
-           "ReductionToOneDevice", "local_value", "CollectiveCommunication", "CollectiveHints",
-           "CommunicationImplementation", "CommunicationOptions", "as_options", "call_options_of", "hints_and_options",
-           "ReduceOp", "as_reduce_op"]
+__all__ = ["CrossDeviceOps", "local_value", "reduction_to_root", "root_of", "CollectiveCommunication",
+           "CollectiveHints", "CommunicationImplementation", "CommunicationOptions", "as_options", "call_options_of",
+           "hints_and_options", "ReduceOp", "as_reduce_op"]

@@ -1,16 +1,14 @@
-"""The CrossDeviceOps family: how a strategy reduces and broadcasts across its replicas (ranks).
+"""CrossDeviceOps: how a strategy reduces and broadcasts across its replicas (ranks).
 
 With one replica per rank, "devices" are ranks: ``destinations`` arguments are accepted for
-compatibility and ignored. Each class picks an engine path:
-
-- ``MPIAllReduce(bytes_per_pack=None)``: the engine's automatic choice (flat or hierarchical);
-  ``bytes_per_pack`` as everywhere (None: the call's, else ``rc``'s; 0: automatic packing);
-- ``NcclAllReduce(num_packs=1)``: NCCL inside the node for GPU buffers and MPI across nodes; host
-  buffers take the MPI path, said once in the log; GPU buffers where NCCL is unusable are an error
-  on every rank (``NcclAllReduce: NCCL is not available: <why>``);
-- ``HierarchicalCopyAllReduce(num_packs=1)``: reduce inside the node, allreduce across node leaders,
-  broadcast inside the node;
-- ``ReductionToOneDevice(reduce_to_device=None)``: reduce to the root rank, then broadcast.
+compatibility and ignored. This module holds the base class, which does all the work on NumPy (and
+CuPy) values from a few attributes its subclasses set: ``algorithm`` (None: the engine's choice),
+``_packing()`` (``bytes_per_pack`` or ``num_packs``), ``_implementation()`` (for device buffers,
+and who asked for it) and ``root`` (None: an allreduce; a rank: reduce to it, then broadcast).
+The public classes, one per kind (``MPIAllReduce``, ``NcclAllReduce``, ``HierarchicalCopyAllReduce``,
+``ReductionToOneDevice``), are defined once, in the top layer (mpidist/frameworks.py), where they
+also take TensorFlow values; strategies that need a default build one here
+(``CrossDeviceOps()``: MPI allreduce; :func:`reduction_to_root`).
 
 For device (CuPy) buffers the implementation asked for (``CommunicationOptions.implementation``,
 or NCCL for NcclAllReduce) reaches the engine's GPU path in the call's options
@@ -23,26 +21,18 @@ The public methods take the public API's options (CommunicationOptions, Collecti
 TensorFlow's) and turn them into :class:`~mpidist.collectives.options.CallOptions` once; every
 method below them (``all_reduce_local``, ``reduce_arrays``, ``broadcast_arrays``,
 ``implementation_for``: what the strategies and the TensorFlow layer call) takes CallOptions.
-
-This layer takes NumPy (and CuPy) values. TensorFlow values are the public classes' business
-(``mpidist.CrossDeviceOps`` and its subclasses, mpidist/frameworks.py): they hand them to the
-TensorFlow layer, which converts them and runs this object's own reduction or broadcast on their
-arrays (:meth:`CrossDeviceOps.reduce_arrays`, :meth:`CrossDeviceOps.broadcast_arrays`).
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable
 
 import numpy as np
 
 from ..collectives import Engine
 from ..collectives.options import CallOptions
-from ..validation import check_bytes_per_pack, check_num_packs, is_integer
+from ..validation import is_integer
 from .options import call_options_of
 from .reduce_op import ReduceOp, as_reduce_op
-
-_log = logging.getLogger("mpidist")
 
 
 def local_value(value: Any) -> Any:
@@ -71,6 +61,7 @@ class CrossDeviceOps:
     """Base class: reduce, batch_reduce and broadcast across the replicas of a strategy."""
 
     algorithm: str | None = None  # None: rc.algorithm decides
+    root: int | None = None  # None: allreduce; a rank: reduce to it, then broadcast from it
 
     def __init__(self) -> None:
         self._engine: Engine | None = None
@@ -147,97 +138,44 @@ class CrossDeviceOps:
 
     def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
         """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
+        if self.root is not None:
+            return self._through_root(op, value, options, where)
+        if options.implementation_only and not self._packing() and self.algorithm is None \
+                and host_arrays_only(value):
+            # host arrays and nothing set per call: the engine's cached fast path, without building
+            # per-call arguments (the implementation choice only concerns device arrays)
+            return self.engine.allreduce(value, op)
         return self.engine.allreduce(value, op, options=self.engine_options(options))
+
+    def _through_root(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
+        engine, root = self.engine, self.root
+        assert root is not None
+        if root >= engine.size:
+            raise ValueError(f"{where}: `reduce_to_device` names rank {root}, but the strategy has "
+                             f"{engine.size} ranks")
+        implementation, who = self._implementation(options)
+        call = CallOptions(timeout_seconds=options.timeout_seconds, implementation=implementation, requested_by=who)
+        reduced = engine.reduce(value, op, root=root, options=call)
+        return engine.broadcast(reduced if engine.rank == root else value, root=root, options=call)
 
     def __repr__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self._packing().items())
         return f"{type(self).__name__}({extra})"
 
 
-class MPIAllReduce(CrossDeviceOps):
-    """MPI allreduce, flat or hierarchical as the engine picks (``rc.algorithm``)."""
-
-    def __init__(self, bytes_per_pack: int | None = None) -> None:
-        super().__init__()
-        self.bytes_per_pack = check_bytes_per_pack(bytes_per_pack, "MPIAllReduce", optional=True)
-
-    def _packing(self) -> dict[str, Any]:
-        return {"bytes_per_pack": self.bytes_per_pack} if self.bytes_per_pack is not None else {}
-
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
-        if self.bytes_per_pack is None and options.bytes_per_pack is None and options.timeout_seconds is None \
-                and options.compression is None and options.num_packs is None and options.algorithm is None \
-                and host_arrays_only(value):
-            # host arrays and nothing set per call: the engine's cached fast path, without building
-            # per-call arguments (the implementation choice only concerns device arrays)
-            return self.engine.allreduce(value, op)
-        return super().all_reduce_local(op, value, options, where)
-
-
-_nccl_host_told = False  # NcclAllReduce logged once that host buffers use MPI
-
-
-class NcclAllReduce(CrossDeviceOps):
-    """NCCL inside the node for GPU buffers, MPI across nodes; host buffers use MPI."""
-
-    def __init__(self, num_packs: int = 1) -> None:
-        super().__init__()
-        self.num_packs = check_num_packs(num_packs, "NcclAllReduce")
-
-    def _packing(self) -> dict[str, Any]:
-        return {"num_packs": self.num_packs}
-
-    def _implementation(self, options: CallOptions | None) -> tuple[str, str | None]:
-        return "nccl", "NcclAllReduce"
-
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
-        global _nccl_host_told
-        if not _nccl_host_told:
-            _nccl_host_told = True
-            if self.engine.rank == 0:
-                _log.info("NcclAllReduce: host (NumPy) buffers are reduced with MPI; NCCL serves GPU "
-                          "(CuPy) buffers")
-        return super().all_reduce_local(op, value, options, where)
-
-
-class HierarchicalCopyAllReduce(CrossDeviceOps):
-    """Reduce inside the node, allreduce across node leaders, broadcast inside the node."""
-
-    algorithm = "hierarchical"
-
-    def __init__(self, num_packs: int = 1) -> None:
-        super().__init__()
-        self.num_packs = check_num_packs(num_packs, "HierarchicalCopyAllReduce")
-
-    def _packing(self) -> dict[str, Any]:
-        return {"num_packs": self.num_packs}
-
-
-class ReductionToOneDevice(CrossDeviceOps):
-    """Reduce to one rank (``reduce_to_device`` names it: a rank number or a device string whose
-    ``task:N`` gives it; default rank 0), then broadcast from there."""
-
-    def __init__(self, reduce_to_device: Any = None, accumulation_fn: Any = None) -> None:
-        super().__init__()
-        self.root = _root_of(reduce_to_device)
-        if accumulation_fn is not None:
-            _log.info("ReductionToOneDevice: `accumulation_fn` is ignored; the reduction runs in MPI")
-
-    def all_reduce_local(self, op: ReduceOp, value: Any, options: CallOptions, where: str) -> Any:
-        engine, timeout = self.engine, options.timeout_seconds
-        if self.root >= engine.size:
-            raise ValueError(f"{where}: `reduce_to_device` names rank {self.root}, but the strategy has "
-                             f"{engine.size} ranks")
-        implementation, who = self._implementation(options)
-        call = CallOptions(timeout_seconds=timeout, implementation=implementation, requested_by=who)
-        reduced = engine.reduce(value, op, root=self.root, options=call)
-        return engine.broadcast(reduced if engine.rank == self.root else value, root=self.root, options=call)
-
-
 _NOTHING_SET = CallOptions()
 
 
-def _root_of(device: Any) -> int:
+def reduction_to_root(root: int) -> CrossDeviceOps:
+    """A CrossDeviceOps reducing to rank ``root``, then broadcasting (a strategy's default)."""
+    ops = CrossDeviceOps()
+    ops.root = root
+    return ops
+
+
+def root_of(device: Any) -> int:
+    """The rank ``ReductionToOneDevice(reduce_to_device=...)`` reduces to: None -> 0, a rank, or a
+    device string's ``task:N`` (another string: 0)."""
     if device is None:
         return 0
     if is_integer(device) and device >= 0:

@@ -19,7 +19,6 @@ from ..collectives.options import CallOptions
 from ..cross_device import (
     CommunicationOptions,
     CrossDeviceOps,
-    MPIAllReduce,
     ReduceOp,
     as_options,
     as_reduce_op,
@@ -40,7 +39,7 @@ class StrategyExtended:
         self._engine = engine
         self._options = options
         self._default_call = options.call_options()
-        self._cross_device_ops = (cross_device_ops or MPIAllReduce()).bind(engine)
+        self._cross_device_ops = (cross_device_ops or CrossDeviceOps()).bind(engine)  # MPI allreduce
 
     # -- facts ---------------------------------------------------------------------------------
     @property

@@ -19,9 +19,8 @@ from ..cross_device import (
     CommunicationImplementation,
     CommunicationOptions,
     CrossDeviceOps,
-    MPIAllReduce,
-    ReductionToOneDevice,
     as_options,
+    reduction_to_root,
 )
 from ..errors import GpuUnavailableError
 from ..topology import Topology, validate_comm
@@ -87,7 +86,7 @@ def multi_worker(where: str, cluster_resolver: Any = None, communication_options
     engine = Engine(comm)
     _check_implementation(options, engine, where)
     _bind_gpu(engine)
-    return engine, options, MPIAllReduce(), _default_resolver(cluster_resolver, comm), {}
+    return engine, options, CrossDeviceOps(), _default_resolver(cluster_resolver, comm), {}
 
 
 def mirrored(where: str, devices: Any = None, cross_device_ops: Any = None, comm: Any = None) -> Parts:
@@ -115,4 +114,4 @@ def central_storage(where: str, compute_devices: Any = None, parameter_device: A
     """CentralStorageStrategy: every rank of ``comm``, reductions to the chief and back."""
     engine = Engine(validate_comm(comm, where))
     _bind_gpu(engine)
-    return engine, CommunicationOptions(), ReductionToOneDevice(0), None, {"devices": compute_devices}
+    return engine, CommunicationOptions(), reduction_to_root(0), None, {"devices": compute_devices}

@@ -1,4 +1,4 @@
-"""The public CrossDeviceOps classes (mpidist/frameworks.py) hand framework values to the TensorFlow
+"""The public CrossDeviceOps classes (mpidist/cross_device_ops.py) hand framework values to the TensorFlow
 layer (here a stand-in for mpidist.tensorflow.cross_device); NumPy values never go there and never
 load TensorFlow; the cross-device layer itself takes arrays only and calls nothing above it."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mpidist
-from mpidist import frameworks
+from mpidist import cross_device_ops as frameworks
 from mpidist.cross_device import ops as ops_lib
 
 
@@ -72,10 +72,11 @@ def test_numpy_values_do_not_reach_the_framework_layer():
 
 def test_the_cross_device_layer_takes_arrays_only():
     """Below the public classes nothing reaches up for a framework: a foreign value is an error."""
-    assert isinstance(mpidist.NcclAllReduce(), ops_lib.NcclAllReduce)
+    assert isinstance(mpidist.NcclAllReduce(), ops_lib.CrossDeviceOps)
+    assert not hasattr(ops_lib, "NcclAllReduce")  # one NcclAllReduce: the public class
     before = len(ADAPTER.calls)
     with pytest.raises(TypeError, match="must be an array or a number"):
-        ops_lib.NcclAllReduce().reduce("sum", Boxed(np.ones(2)))
+        ops_lib.CrossDeviceOps().reduce("sum", Boxed(np.ones(2)))
     assert len(ADAPTER.calls) == before
 
 

@@ -27,7 +27,7 @@ LAYERS = {  # first dotted component after "mpidist." -> layer: exactly what exi
     "horovod": 8,
     # the public namespace (frameworks: the framework choice) and the command line (run and horovodrun:
     # launch; check, info, bench, soak, timeline)
-    "frameworks": TOP, "on_tensorflow": TOP, "checkpoint": TOP, "experimental": TOP, "overlap": TOP,
+    "frameworks": TOP, "cross_device_ops": TOP, "on_tensorflow": TOP, "checkpoint": TOP, "experimental": TOP, "overlap": TOP,
     "__main__": TOP, "launch": TOP, "check": TOP, "info": TOP, "bench": TOP, "soak": TOP, "timeline": TOP,
     "elastic": TOP,
 }

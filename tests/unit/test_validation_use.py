@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mpidist import validation
-from mpidist.cross_device.ops import HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce
+from mpidist.cross_device_ops import HierarchicalCopyAllReduce, MPIAllReduce, NcclAllReduce
 from mpidist.input.context import InputContext
 from mpidist.input.numpy_dataset import NumpyDataset
 
