@@ -9,11 +9,14 @@ collective as soon as ITS gradients exist, while the rest of the backward pass s
 - Buckets follow the order backprop produces gradients: the REVERSE of the list's order (Keras
   and ``tape.gradient`` list gradients in the order of the variables, first layer first; the
   last layer's gradients are ready first). The first bucket holds the list's last tensors.
-- A bucket closes as soon as it holds at least ``bytes_per_pack`` bytes (the strategy's
-  ``CommunicationOptions(bytes_per_pack=...)`` or ``mpidist.rc.bytes_per_pack``); with 0
-  (automatic, the default) at :data:`DEFAULT_BUCKET_BYTES` (4 MiB). So a bucket exceeds the
-  limit by less than its last tensor, and a layer's small bias joins the next kernel's bucket
-  instead of travelling alone (PyTorch DDP's rule; its default cap is 25 MB). With ``num_packs``
+- A bucket closes before the tensor that would take it over ``bytes_per_pack`` bytes (the
+  strategy's ``CommunicationOptions(bytes_per_pack=...)`` or ``mpidist.rc.bytes_per_pack``); with 0
+  (automatic, the default) :data:`DEFAULT_BUCKET_BYTES`, the engine's automatic pack size (64 MiB,
+  collectives/packing.py). That is the engine's pack rule walked backwards, so a bucket of one
+  dtype is exactly one pack: a step costs as many MPI calls bucketed as in one call (ResNet-50's
+  102 MB: 2), and the first bucket still starts while the earlier layers' gradients are being
+  computed. Smaller buckets (``bytes_per_pack``) overlap more and pay a call's latency each
+  (docs/overlap.md). A tensor bigger than the size is a bucket of its own. With ``num_packs``
   set there are no buckets (one op, whose engine call splits the list into that many packs, as
   TensorFlow's cross-device ops do).
 - Only the ORDER of the collectives is fixed (the bridge's ordering token,
@@ -39,9 +42,9 @@ import tensorflow as tf
 
 from .._config import rc
 from ..collectives.options import CallOptions
-from ..collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
+from ..collectives.packing import FUSION_BYTES, backprop_buckets, packed_bucket_bytes
 
-DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
+DEFAULT_BUCKET_BYTES = FUSION_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 64 MiB, one pack each
 
 
 def bucket_bytes(options: CallOptions) -> int | None:
