@@ -1,0 +1,200 @@
+"""Fusion (issue 33): one step's gradients go in ⌈bytes / fusion threshold⌉ MPI calls, on every path.
+
+MPI calls are counted where they leave mpidist: the strategy is built on a communicator whose
+class records every reduction it is asked for (mpi4py's ``Clone`` keeps the class, so the engine's
+private clone and its agreement exchange record too; the node and leader communicators, made by
+``Split``, are wrapped the same way right after the strategy is built). A *data call* is a flat
+``Allreduce``/``Iallreduce`` on the job's communicator or the first step of a hierarchical one (the
+``Reduce`` inside a node, on fake nodes: MPIDIST_LOCAL_SIZE); the agreement exchange (an int64[3]
+``Iallreduce``) is counted apart, as *blocking* when its third field says it was not speculated
+(the data waited for it; agreement.py). Per step, on every path: data calls <= ⌈bytes/threshold⌉ + 1;
+at most one blocking agreement in every step after the first (the first agrees before each of its
+calls: nothing is known yet to speculate on); results equal the sum of every rank's inputs.
+
+Gradient sets (mpidist/bench/shapes.py): ResNet-50 (Keras's 214 trainable tensors, 102 MB) at the
+default threshold (64 MiB: 2 packs); BERT-base's 199 tensors with widths divided by 4 (6.8 M
+parameters, 27 MB instead of 438 MB, so that 4 ranks on 2 cores stay fast) with automatic packing's
+threshold divided by 16 like its size (``packing.FUSION_BYTES`` set to 4 MiB for those tests: the
+same 7 packs as the full model at 64 MiB, its embedding alone in both); 1000 tensors of 4 KB (one pack). Inputs are small integers, so float32
+sums are exact in any order.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpidist
+from mpidist.bench import shapes as model_shapes
+from mpidist.collectives import packing
+
+pytestmark = pytest.mark.mpi
+
+STEPS = 3
+SETS = {  # name: (shapes, the fusion threshold of automatic packing)
+    "resnet50": (model_shapes.resnet50(), packing.FUSION_BYTES),
+    "bert_base/4": (model_shapes.bert_base(scale=4), packing.FUSION_BYTES // 16),
+    "small_1000": (model_shapes.small(1000, 1024), packing.FUSION_BYTES),
+}
+
+
+class _Counting(MPI.Intracomm):
+    """An intracommunicator that records the reductions it runs in ``log``: (role, kind)."""
+
+    log: list[tuple[str, str]] = []
+    role = "job"
+
+    def _note(self, name: str, send) -> None:
+        if isinstance(send, np.ndarray) and send.dtype == np.int64 and send.size == 3:  # the agreement exchange
+            _Counting.log.append((self.role, "blocking agreement" if send[2] == 0 else "speculated agreement"))
+        else:
+            _Counting.log.append((self.role, name))
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802 (mpi4py's names)
+        self._note("Allreduce", sendbuf)
+        return super().Allreduce(sendbuf, recvbuf, op)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
+        self._note("Allreduce", sendbuf)
+        return super().Iallreduce(sendbuf, recvbuf, op)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):  # noqa: N802
+        self._note("Reduce", sendbuf)
+        return super().Reduce(sendbuf, recvbuf, op, root)
+
+
+class _Local(_Counting):
+    role = "local"
+
+
+class _Cross(_Counting):
+    role = "cross"
+
+
+def counted(strategy):
+    """``strategy`` with its node and leader communicators recording too (the job's records already)."""
+    topo = strategy.extended.engine.topology
+    topo.local, topo.cross = _Local(topo.local), _Cross(topo.cross)
+    assert isinstance(topo.comm, _Counting), type(topo.comm)
+    return strategy
+
+
+def step_counts() -> tuple[int, int]:
+    """(data calls, blocking agreements) recorded since the last call."""
+    log, _Counting.log = _Counting.log, []
+    data = sum(1 for role, kind in log if (role, kind) in (("job", "Allreduce"), ("local", "Reduce")))
+    return data, sum(1 for _, kind in log if kind == "blocking agreement")
+
+
+def inputs(shapes, rank: int) -> list[np.ndarray]:
+    """Rank ``rank``'s gradients: small integers, different per rank and tensor."""
+    return [((np.arange(math.prod(s), dtype=np.float32) % 13) * (rank + 1) + (i % 7) - rank).reshape(s)
+            for i, s in enumerate(shapes)]
+
+
+def expected(shapes, size: int) -> list[np.ndarray]:
+    """The sum over ranks, computed here leaf by leaf from every rank's inputs."""
+    out = []
+    for i, s in enumerate(shapes):
+        base = (np.arange(math.prod(s), dtype=np.float32) % 13).reshape(s)
+        out.append(sum(base * (r + 1) + (i % 7) - r for r in range(size)))
+    return out
+
+
+def bound(shapes, threshold) -> int:
+    return math.ceil(sum(4 * math.prod(s) for s in shapes) / threshold) + 1
+
+
+def run_steps(name, step, comm):
+    """``step()`` STEPS times; every step within the bound, its results the reference."""
+    shapes, threshold = SETS[name]
+    assert packing.FUSION_BYTES == threshold
+    ref = expected(shapes, comm.Get_size())
+    limit = bound(shapes, threshold)
+    step_counts()
+    seen = []
+    for _ in range(STEPS):
+        got = step()
+        seen.append(step_counts())
+        assert len(got) == len(ref)
+        for i, (g, r) in enumerate(zip(got, ref)):
+            np.testing.assert_array_equal(np.asarray(g), r, err_msg=f"{name} tensor {i}")
+    # one rank's verdict for all (a rank failing alone would leave the others in the next collective)
+    worst = comm.allreduce(max(d for d, _ in seen), op=MPI.MAX)
+    blocking = comm.allreduce(max(b for _, b in seen[1:]), op=MPI.MAX)
+    first = comm.allreduce(seen[0][1], op=MPI.MAX)
+    assert worst <= limit, f"{name}: {worst} data calls in a step, bound {limit} ({seen})"
+    assert blocking <= 1, f"{name}: {blocking} blocking agreements in a repeated step ({seen})"
+    assert first <= seen[0][0], f"{name}: the first step agrees at most once per data call ({seen})"
+    assert min(d for d, _ in seen) >= 1
+    return seen
+
+
+@pytest.fixture(params=list(SETS))
+def gradient_set(request, monkeypatch):
+    """A set's name, with automatic packing's threshold scaled as the set is (every rank alike)."""
+    name = request.param
+    monkeypatch.setattr(packing, "FUSION_BYTES", SETS[name][1])
+    return name
+
+
+# -- NumPy mode ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def np_strategy(comm):
+    strategy = counted(mpidist.numpy.MultiWorkerMirroredStrategy(comm=_Counting(comm)))
+    yield strategy
+    strategy.extended.engine.close()
+
+
+def test_numpy_strategy_reduce(np_strategy, gradient_set, comm):
+    grads = inputs(SETS[gradient_set][0], comm.Get_rank())
+    run_steps(gradient_set, lambda: np_strategy.reduce("sum", grads, axis=None), comm)
+
+
+def test_numpy_batch_reduce_to(np_strategy, gradient_set, comm):
+    grads = inputs(SETS[gradient_set][0], comm.Get_rank())
+    run_steps(gradient_set, lambda: np_strategy.extended.batch_reduce_to("sum", [(g, None) for g in grads]), comm)
+
+
+def test_numpy_replica_all_reduce(np_strategy, gradient_set, comm):
+    grads = inputs(SETS[gradient_set][0], comm.Get_rank())
+
+    def replica(gs):
+        return mpidist.get_replica_context().all_reduce("sum", gs)
+    run_steps(gradient_set, lambda: np_strategy.run(replica, args=(grads,)), comm)
+
+
+# -- TensorFlow mode -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tf_strategy(comm):
+    pytest.importorskip("tensorflow")
+    from mpidist.cross_device.options import CommunicationOptions
+    from mpidist.tensorflow.classes import make_tf_strategy
+    engine = mpidist.Engine(comm=_Counting(comm))
+    strategy = counted(make_tf_strategy("MultiWorkerMirroredStrategy", engine, CommunicationOptions()))
+    yield strategy
+    engine.close()
+
+
+def test_tf_strategy_reduce(tf_strategy, gradient_set, comm):
+    import tensorflow as tf
+    grads = [tf.constant(g) for g in inputs(SETS[gradient_set][0], comm.Get_rank())]
+    run_steps(gradient_set, lambda: tf_strategy.reduce("sum", grads, axis=None), comm)
+
+
+def test_tf_replica_all_reduce_in_tf_function(tf_strategy, gradient_set, comm):
+    """The path of Keras's optimizer and custom loops: in a tf.function, bucketed (tensorflow/buckets.py)."""
+    import tensorflow as tf
+    grads = [tf.constant(g) for g in inputs(SETS[gradient_set][0], comm.Get_rank())]
+
+    def replica(*gs):
+        return tf.distribute.get_replica_context().all_reduce("sum", list(gs))
+    step = tf.function(lambda *gs: tf_strategy.run(replica, args=gs), autograph=False)
+    run_steps(gradient_set, lambda: step(*grads), comm)
