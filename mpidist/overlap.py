@@ -19,8 +19,10 @@ variables walked from the last, a bucket closing before the gradient that would 
 bucket size: ``bytes_per_pack`` of the call's ``options``, else of the strategy's
 CommunicationOptions, else ``mpidist.rc.bytes_per_pack``; 0 (automatic, the default) means
 **64 MiB**, the engine's automatic pack size (collectives/packing.py), so a bucket is one pack and
-bucketing costs no MPI call more than one all-reduce of every gradient. Buckets start strictly in that order, whatever order the gradients come in (a bucket
-waits for the ones before it), so every rank issues the same collectives in the same order. Each
+bucketing costs no MPI call more than one all-reduce of every gradient (a model of less than 64 MiB
+of gradients is one bucket: give a smaller ``bytes_per_pack`` to overlap; each bucket then pays a
+collective's latency and, as buckets differ in signature, a blocking agreement: agreement.py).
+Buckets start strictly in that order, whatever order the gradients come in (a bucket waits for the ones before it), so every rank issues the same collectives in the same order. Each
 bucket is one all-reduce of a list through the strategy's own reduction (its cross-device ops and
 options, as ``extended.reduce_to``), or, with ``engine=``, through the engine; every element is
 reduced over the same ranks as with one all-reduce of all gradients, so results are equal bit for
