@@ -22,11 +22,12 @@ CommunicationOptions, else ``mpidist.rc.bytes_per_pack``; 0 (automatic, the defa
 bucketing costs no MPI call more than one all-reduce of every gradient (a model of less than 64 MiB
 of gradients is one bucket: give a smaller ``bytes_per_pack`` to overlap; each bucket then pays a
 collective's latency and, as buckets differ in signature, a blocking agreement: agreement.py).
-Buckets start strictly in that order, whatever order the gradients come in (a bucket waits for the ones before it), so every rank issues the same collectives in the same order. Each
-bucket is one all-reduce of a list through the strategy's own reduction (its cross-device ops and
-options, as ``extended.reduce_to``), or, with ``engine=``, through the engine; every element is
-reduced over the same ranks as with one all-reduce of all gradients, so results are equal bit for
-bit where MPI sums an element's ranks in the same order whatever the message size (docs/overlap.md).
+Buckets start strictly in that order, whatever order the gradients come in (a bucket waits for the
+ones before it), so every rank issues the same collectives in the same order. Each bucket is one
+all-reduce of a list through the strategy's own reduction (its cross-device ops and options, as
+``extended.reduce_to``), or, with ``engine=``, through the engine; every element is reduced over
+the same ranks as with one all-reduce of all gradients, so results are equal bit for bit where MPI
+sums an element's ranks in the same order whatever the message size (docs/overlap.md).
 
 Gradients must not be changed between ``add`` and ``result()`` (their all-reduce reads them on the
 progress thread). Works in NumPy mode (``mpidist.numpy`` strategies, or strategies built without
