@@ -9,25 +9,30 @@ included, is packed greedily, in the nest's order, into packs of up to ``FUSION_
 one step's gradients of B bytes of one dtype go in about ⌈B / 64 MiB⌉ MPI calls (a ResNet-50's
 102 MB: 2; a BERT-base's 440 MB: 7), in the same order on every rank. A pack closes before the
 leaf that would take it over the limit, so every pack but the last of a group holds more than
-64 MiB minus that next leaf. A single leaf of the limit or more travels alone, as a view of the
-caller's array when its dtype is already the wire dtype: it is never split, because a split leaf
-could no longer come back as a view of one receive buffer (a copy out), and a message that large
-already pays each call's latency back many times over.
+64 MiB minus that next leaf. A single leaf of the limit or more travels alone (the smaller ones
+go on filling the pack around it), as a view of the caller's array when its dtype is already the
+wire dtype: it is never split, because a split leaf could no longer come back as a view of one
+receive buffer (a copy out), and a message that large already pays a call's latency back many
+times over.
 
 The trade-off. Fusing costs one copy of each leaf into the pack (``np.concatenate`` into a recycled
-buffer); results come back as views of the pack's receive buffer, so there is no copy out. A copy
-runs at memory bandwidth, ~5-10 GB/s per core here: ~10 ms for ResNet-50's 102 MB, a few per cent of
-the 2-rank allreduce of the same bytes, and an MPI library copies its send buffer into the receive
-buffer itself in its ring and recursive-doubling algorithms anyway. Each MPI call pays its
-algorithm's latency term, 2(N-1)·α for a ring (α: ~2-5 µs per message across a network): at 512
-ranks and 3 µs that is ~3 ms per call, so the 54 calls of ResNet-50 under the old rule (leaves of
-64 KiB and more alone) cost ~160 ms of latency per step against ~6 ms for 2 packs. Why 64 MiB:
-ResNet-50 fits in 2 packs (the issue's bound is 3), a pack is large enough that its bandwidth term
-dwarfs its latency term at any scale (64 MiB at 10 GB/s is 6.7 ms against microseconds of latency
-per step of the algorithm), and the memory it adds is bounded: a pack's send buffer comes from the
-recycled pool (buffers.py, capped by ``rc.buffer_pool_bytes``, 512 MiB) and is reused by the next
-pack and the next step, while the receive buffer holds the results the caller would hold anyway.
-Horovod fuses up to 128 MB (64 MB before 0.21), PyTorch DDP in ~25 MB buckets.
+buffer); results come back as views of the pack's receive buffer, so there is no copy out. The copy
+runs at memory bandwidth: ResNet-50's 102 MB took 9.4 ms at best here (10.9 GB/s), a quarter of
+the 2-rank shared-memory allreduce of the same bytes (~40 ms) and a smaller share across a network;
+MPI libraries also copy the send buffer into the receive buffer themselves in their ring and
+recursive-doubling algorithms. Each MPI call pays its algorithm's latency term, 2(N-1)·α for a
+ring (α: ~2-5 µs per message across a network): at 512 ranks and 3 µs that is ~3 ms per call, so
+the 54 calls of ResNet-50 under the old rule (leaves of 64 KiB and more alone, 4 MiB packs) cost
+~160 ms of latency per step against ~6 ms for 2 packs. Why 64 MiB: the smallest round size that
+puts ResNet-50 in at most 3 calls (issue 33's bound; it needs >= 51 MB); a pack's bandwidth term
+dwarfs its latency term at any scale (64 MiB at 10 GB/s is 6.7 ms); and the memory it adds is
+bounded: a pack's send buffer comes from the recycled pool (buffers.py, capped by
+``rc.buffer_pool_bytes``, 512 MiB) and is reused by the next pack and the next step, while the
+receive buffer holds the results the caller would hold anyway. Measured against it on one
+oversubscribed machine (4 ranks on 2 cores): messages of 1-9 MB beat one of 100 MB there, so the
+old rule was twice as fast (docs/performance.md, "Issue 33: fusion of large tensors");
+``bytes_per_pack`` picks smaller packs where that holds. Horovod fuses up to 128 MB (64 MB before
+0.21), PyTorch DDP in ~25 MB buckets.
 
 ``bytes_per_pack=B`` packs greedily up to B bytes the same way (``rc.bytes_per_pack``,
 ``HOROVOD_FUSION_THRESHOLD`` and ``CommunicationOptions(bytes_per_pack=B)`` set it); ``num_packs=K``
