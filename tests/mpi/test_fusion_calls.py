@@ -19,8 +19,9 @@ Gradient sets (mpidist/bench/shapes.py): ResNet-50 (Keras's 214 trainable tensor
 default threshold (64 MiB: 2 packs); BERT-base's 199 tensors with widths divided by 4 (6.8 M
 parameters, 27 MB instead of 438 MB, so that 4 ranks on 2 cores stay fast) with automatic packing's
 threshold divided by 16 like its size (``packing.FUSION_BYTES`` set to 4 MiB for those tests: the
-same 7 packs as the full model at 64 MiB, its embedding alone in both); 1000 tensors of 4 KB (one pack). Inputs are small integers, so float32
-sums are exact in any order.
+same 7 packs as the full model at 64 MiB, its embedding alone in both); 1000 tensors of 4 KB (one
+pack). Inputs are small integers, so float32 sums are exact in any order. Marked ``node_layout``:
+what a data call is depends on the algorithm (flat on one node, hierarchical on fake nodes).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import mpidist
 from mpidist.bench import shapes as model_shapes
 from mpidist.collectives import packing
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.node_layout]
 
 STEPS = 2  # the first (general path, agreed before the data) and a repeat (cached, speculated)
 SETS = {  # name: (shapes, the fusion threshold of automatic packing)
