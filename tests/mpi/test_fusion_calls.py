@@ -221,13 +221,16 @@ def hvd(comm):
     """mpidist's Horovod layer on a recording communicator (hvd.init once, shut down after)."""
     pytest.importorskip("tensorflow")
     import mpidist.horovod.tensorflow as hvd
-    if hvd.is_initialized():  # an earlier module's: shut it down so this one counts
+    earlier = hvd.is_initialized()
+    if earlier:  # an earlier module's: shut it down so this one counts, and start it again after
         hvd.shutdown()
     hvd.init(comm=_Counting(comm))
     from mpidist.horovod.tensorflow import basics
     count_engine(basics.engine())
     yield hvd
     hvd.shutdown()
+    if earlier:
+        hvd.init()
 
 
 def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
