@@ -249,3 +249,26 @@ def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
             loss = tf.add_n([tf.reduce_sum(v * c) for v, c in zip(variables, consts)])
         return hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, variables)
     run_steps(gradient_set, step, comm, blocking_limit=2 if comm.Get_size() > 1 else 1)
+
+
+def test_an_explicit_pack_size_overrides_fusion(np_strategy, comm):
+    """``bytes_per_pack`` given (a call's CommunicationOptions; rc.bytes_per_pack, which
+    HOROVOD_FUSION_THRESHOLD sets) packs by that size instead: one data call per pack of its plan."""
+    from mpidist.cross_device.options import CommunicationOptions
+    shapes = SETS["resnet50"][0]
+    grads = inputs(shapes, comm.Get_rank())
+    ref = expected("resnet50", comm.Get_size())
+    nbytes = [4 * math.prod(s) for s in shapes]
+    for size in (8 << 20, 1 << 20):
+        want = len(packing.plan(nbytes, [0] * len(nbytes), size, None))
+        assert want > bound(shapes, packing.FUSION_BYTES)
+        step_counts()
+        got = np_strategy.extended.batch_reduce_to("sum", [(g, None) for g in grads],
+                                                   options=CommunicationOptions(bytes_per_pack=size))
+        assert step_counts()[0] == want
+        with mpidist.rc.override(bytes_per_pack=size):
+            got_rc = np_strategy.reduce("sum", grads, axis=None)
+            assert step_counts()[0] == want
+        for g, h, r in zip(got, got_rc, ref):
+            np.testing.assert_array_equal(g, r)
+            np.testing.assert_array_equal(h, r)
