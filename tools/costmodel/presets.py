@@ -113,6 +113,27 @@ PRESETS: dict[str, Params] = {p.name: p for p in (
          "2 × 96-core CPUs (one rank per core), 24 DDR5-4800 channels, one 400 Gb/s NDR NIC",
          ("2 × AMD EPYC 9654: 12 DDR5-4800 channels per socket = 460.8 GB/s each (AMD datasheet)",
           "1 × 400 Gb/s NDR InfiniBand; α_inter 1.2 µs: assumption, MPI ping-pong on NDR")),
+    # The two clusters of issue 33's prediction to 4096 ranks (step.py):
+    Params("a100-4x200g", 4, 2e-6, gbyte(300), 3e-6, gbit(200), 4, 3 / (1555 * GB), None,
+           "4 × A100 SXM per node on NVLink 3, 4 × 200 Gb/s HDR InfiniBand (one per GPU)",
+           ("NVLink 3 on A100 SXM: 600 GB/s bidirectional per GPU = 300 GB/s per direction (NVIDIA A100 "
+            "datasheet)",
+            "4 × A100 40 GB + 4 × ConnectX-6 HDR 200 Gb/s per node: the JUWELS Booster node (Jülich "
+            "Supercomputing Centre's system description); Perlmutter's GPU nodes are alike (4 × A100, "
+            "4 × 200 Gb/s Slingshot NICs)",
+            _NVLINK_ALPHA, _GDR_ALPHA,
+            "γ 1.9 ps/B: A100 40 GB HBM2 1,555 GB/s, 3 bytes moved per byte reduced")),
+    Params("cpu-2s-100g", 2, 0.4e-6, gbyte(10), 1.5e-6, gbit(100), 1, 3 / (20 * GB), None,
+           "2-socket CPU nodes, one rank per socket (each rank's framework uses the socket's cores), "
+           "one 100 Gb/s NIC (EDR InfiniBand or 100 GbE with RDMA)",
+           ("2 ranks per node, one per socket: the usual layout for data-parallel CPU training "
+            "(assumption; Horovod's and Intel's CPU guides place one rank per socket)",
+            "1 × 100 Gb/s EDR InfiniBand (ConnectX-5); α_inter 1.5 µs: MPI ping-pong on EDR is "
+            "~1-1.5 µs (OSU latency; assumption for a whole job)",
+            "α_intra 0.4 µs: assumption, shared-memory MPI latency (0.2-0.5 µs)",
+            "β_intra 10 GB/s (a byte copied through shared memory) and γ 3 bytes per byte reduced at "
+            "20 GB/s: one core's memory stream, as MPI libraries copy and reduce on one thread "
+            "(assumption; this VM's pack copy ran at 10.9 GB/s, packing.py)")),
     # Fitted on the 2-core test VM (docs/scaling.md): `python -m tools.costmodel fit
     # docs/data/sweep-n2-r*.json --combine min`. Fake nodes (MPIDIST_LOCAL_SIZE) share one memory,
     # so "inter" = "intra" and flows never share a NIC (nics = ranks_per_node).
