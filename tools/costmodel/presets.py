@@ -1,4 +1,5 @@
-"""Link parameters of the cost model (``model.py``) and named presets for typical clusters.
+"""Link parameters of the cost model (``model.py``) and named presets for typical clusters; per preset
+the inputs of a training step's prediction (:class:`Workload`, step.py).
 
 Units: seconds and bytes. α (``alpha_*``) in seconds per message, β (``beta_*``) in seconds per byte
 (1 / bandwidth), γ in seconds per byte reduced. Bandwidths are nominal line rates per direction
@@ -144,3 +145,52 @@ PRESETS: dict[str, Params] = {p.name: p for p in (
             "(at 2 ranks every formula fits alike)",
             "γ: not identifiable from these timings (ring charges β and γ 2:1), so 0 and folded into β; "
             "np.add alone costs ~0.12 ns/B here")))}
+
+# -- a training step's other inputs (step.py) --------------------------------------------------------
+#
+# A Workload adds to a link preset what a step needs besides the network: how long one rank computes
+# a step of each model (forward + backward + update, without communication), how fast one rank copies
+# bytes into a pack (``copy_bandwidth``), and whether NCCL applies (GPU buffers). **The compute times
+# are assumptions** (derived as their sources say), not measurements: efficiency scales with them, so
+# ``--compute-ms`` overrides them. ``backward_share`` is the part of compute during which gradients
+# appear (Horovod's schedule overlaps its allreduces with it).
+
+MODELS = ("resnet50", "bert_base")
+
+
+@dataclass(frozen=True)
+class Workload:
+    preset: str                    # the link preset (presets.PRESETS)
+    compute_s: dict[str, float]    # seconds of one rank's step per model, without communication
+    copy_bandwidth: float          # bytes/s of one rank's copy into a pack (read + write)
+    gpu: bool                      # NCCL applies (device buffers)
+    sources: tuple[str, ...]
+    backward_share: float = 2 / 3  # backward ≈ 2 × forward (assumption)
+
+
+WORKLOADS: dict[str, Workload] = {w.preset: w for w in (
+    Workload("a100-4x200g", {"resnet50": 0.098, "bert_base": 0.043}, 1555e9 / 2, True, (
+        "ResNet-50: 256 images per GPU per step at ~2,600 images/s (mixed precision): the order of "
+        "NVIDIA's published per-A100 training throughput for ResNet-50 v1.5 (DeepLearningExamples); "
+        "assumption, not measured here",
+        "BERT-base: 64 sequences of 128 tokens per GPU per step, 6 × 110 M parameters × 8,192 tokens "
+        "= 5.4 TFLOP at an assumed 40% of A100's 312 TFLOPS (FP16 dense peak, datasheet) = 43 ms",
+        "copy: HBM2 1,555 GB/s, 2 bytes moved per byte packed (the GPU path packs on the device)")),
+    Workload("cpu-2s-100g", {"resnet50": 1.3, "bert_base": 2.3}, 10.9e9, False, (
+        "one rank per 40-core socket (Xeon Platinum 8380: 40 cores × 2.3 GHz × 32 FP32 FLOP/cycle "
+        "= 2.9 TFLOPS peak), assumed 40% of peak in training = 1.2 TFLOP/s",
+        "ResNet-50: 64 images per rank, 3 × 8.2 GFLOP per image (forward 4.1 GMAC) = 1.6 TFLOP: 1.3 s",
+        "BERT-base: 32 sequences of 128 tokens, 6 × 110 M × 4,096 = 2.7 TFLOP: 2.3 s",
+        "copy: 10.9 GB/s, one core's np.concatenate of ResNet-50's 102 MB measured on this VM "
+        "(packing.py's docstring)")),
+    Workload("this-vm", {"resnet50": 0.0, "bert_base": 0.0}, 10.9e9, False, (
+        "the 2-core VM: no compute time (only the communication is checked against the bench)",
+        "copy: 10.9 GB/s, np.concatenate of ResNet-50's 102 MB, best of runs (packing.py)")),
+)}
+
+
+def workload(preset: str) -> Workload:
+    """The workload of ``preset``; an error that names the known ones."""
+    if preset not in WORKLOADS:
+        raise ValueError(f"workload: `preset` must be one of {', '.join(WORKLOADS)}, got {preset!r}")
+    return WORKLOADS[preset]

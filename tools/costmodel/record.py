@@ -41,7 +41,7 @@ STEPS = 2
 LAYOUTS = {"one-node": (2, None), "multi-node": (4, 2)}  # name: (ranks, MPIDIST_LOCAL_SIZE)
 
 
-def _recording_classes() -> tuple[type, type, type]:
+def _recording_classes() -> tuple[Any, Any, Any]:
     import numpy as np
     from mpi4py import MPI
 
@@ -64,19 +64,19 @@ def _recording_classes() -> tuple[type, type, type]:
                 what = "packed"
             Recording.log.append((self.role, name, int(buf.nbytes), str(buf.dtype), what))
 
-        def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802 (mpi4py's names)
+        def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
             self._note("Allreduce", sendbuf, recvbuf)
             return super().Allreduce(sendbuf, recvbuf, op)
 
-        def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
+        def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
             self._note("Iallreduce", sendbuf, recvbuf)
             return super().Iallreduce(sendbuf, recvbuf, op)
 
-        def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):  # noqa: N802
+        def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
             self._note("Reduce", sendbuf, recvbuf)
             return super().Reduce(sendbuf, recvbuf, op, root)
 
-        def Bcast(self, buf, root=0):  # noqa: N802
+        def Bcast(self, buf, root=0):
             self._note("Bcast", buf, buf)
             return super().Bcast(buf, root)
 
@@ -111,6 +111,21 @@ def calls_of(log: list[tuple[str, str, int, str, str]]) -> list[dict]:
     return out
 
 
+def _replica(grads: list[Any]) -> Any:
+    import mpidist
+
+    ctx = mpidist.get_replica_context()
+    assert ctx is not None, "record: strategy.run ran its function outside a replica context"
+    return ctx.all_reduce("sum", grads)
+
+
+def _step(strategy: Any, label: str, grads: list[Any]) -> Any:
+    """One step's gradient reduction through ``label`` (one of PATHS)."""
+    if label == "strategy.reduce":
+        return strategy.reduce("sum", grads, axis=None)
+    return strategy.run(_replica, args=(grads,))
+
+
 def worker(path: str) -> None:
     """One launched rank: run every set and path for STEPS steps; rank 0 writes the calls to ``path``."""
     import numpy as np
@@ -133,17 +148,10 @@ def worker(path: str) -> None:
         total = sum(g.nbytes for g in grads)
         paths: dict[str, list] = {}
         for label in PATHS:
-            if label == "strategy.reduce":
-                def step() -> Any:
-                    return strategy.reduce("sum", grads, axis=None)
-            else:
-                def step() -> Any:
-                    return strategy.run(lambda gs: mpidist.get_replica_context().all_reduce("sum", gs),
-                                        args=(grads,))
             steps = []
             for _ in range(STEPS):
                 recording.log = []
-                got = step()
+                got = _step(strategy, label, grads)
                 want = comm.Get_size() * (comm.Get_size() + 1) / 2
                 if not all(np.all(np.asarray(g) == want) for g in got):
                     raise RuntimeError(f"record: {name} through {label}: a result is not the sum over ranks")
