@@ -124,7 +124,7 @@ def test_predict_rows_use_the_layout_and_compose(recorded):
     k = 4
     for row in rows:
         calls = step.calls(recorded, "resnet50", row["ranks"], k)
-        want = step.step_cost(calls, row["ranks"], step.resolve("a100-4x200g"), 1555e9 / 2)
+        want = step.step_cost(calls, row["ranks"], step.resolve("a100-4x200g"), 1555e9 / 2, "mpi", 6.4e-6)
         assert row["mpi"]["total_s"] == pytest.approx(want["total_s"])
         assert row["mpi"]["efficiency"] == pytest.approx(0.1 / (0.1 + want["total_s"]))
         assert 0 < row["horovod"]["efficiency"] <= 1
@@ -137,3 +137,5 @@ def test_step_cli(capsys):
     assert "| bert_base | 4096 (2048) |" in out and "Horovod" in out
     with pytest.raises(SystemExit):
         costmodel_main(["step", "--models", "vgg16"])
+    with pytest.raises(SystemExit):  # no compute time of BERT-base on the P100 check's preset
+        costmodel_main(["step", "--preset", "p100-4x25g", "--models", "bert_base"])

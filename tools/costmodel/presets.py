@@ -135,6 +135,13 @@ PRESETS: dict[str, Params] = {p.name: p for p in (
             "β_intra 10 GB/s (a byte copied through shared memory) and γ 3 bytes per byte reduced at "
             "20 GB/s: one core's memory stream, as MPI libraries copy and reduce on one thread "
             "(assumption; this VM's pack copy ran at 10.9 GB/s, packing.py)")),
+    Params("p100-4x25g", 4, 5e-6, gbyte(10), 5e-6, gbit(25), 1, 3 / (732 * GB), None,
+           "4 × P100 per server on PCIe, one 25 Gb/s RoCE NIC: the setup of Horovod's published benchmark",
+           ("128 servers with 4 Pascal GPUs each, RoCE-capable 25 Gbit/s network: Horovod's README and "
+            "Sergeev & Del Balso, 'Horovod: fast and easy distributed deep learning in TensorFlow', 2018",
+            "β_intra 10 GB/s: PCIe 3.0 x16 (15.75 GB/s raw), achieved GPU-to-GPU (assumption)",
+            "α_intra, α_inter 5 µs: assumptions (PCIe peer copies, RoCE)",
+            "γ: P100 HBM2 732 GB/s, 3 bytes moved per byte reduced")),
     # Fitted on the 2-core test VM (docs/scaling.md): `python -m tools.costmodel fit
     # docs/data/sweep-n2-r*.json --combine min`. Fake nodes (MPIDIST_LOCAL_SIZE) share one memory,
     # so "inter" = "intra" and flows never share a NIC (nics = ranks_per_node).
@@ -166,6 +173,8 @@ class Workload:
     gpu: bool                      # NCCL applies (device buffers)
     sources: tuple[str, ...]
     backward_share: float = 2 / 3  # backward ≈ 2 × forward (assumption)
+    overhead_s: float = 14.6e-6    # mpidist's software cost per data call (host: docs/scaling.md's fit)
+    nccl: tuple[str, ...] = ("nccl_ring", "nccl_tree")  # what NCCL may pick (gpu only)
 
 
 WORKLOADS: dict[str, Workload] = {w.preset: w for w in (
@@ -175,7 +184,16 @@ WORKLOADS: dict[str, Workload] = {w.preset: w for w in (
         "assumption, not measured here",
         "BERT-base: 64 sequences of 128 tokens per GPU per step, 6 × 110 M parameters × 8,192 tokens "
         "= 5.4 TFLOP at an assumed 40% of A100's 312 TFLOPS (FP16 dense peak, datasheet) = 43 ms",
-        "copy: HBM2 1,555 GB/s, 2 bytes moved per byte packed (the GPU path packs on the device)")),
+        "copy: HBM2 1,555 GB/s, 2 bytes moved per byte packed (the GPU path packs on the device)",
+        "software per call 6.4 µs: mpidist's nccl path over raw NCCL at 4 KB, 16.3 against 9.9 µs, "
+        "measured on one H100 (docs/gpu.md)"), overhead_s=6.4e-6),
+    # A check against the one published scaling figure: Horovod's 90% at 512 GPUs (docs/scaling.md)
+    Workload("p100-4x25g", {"resnet50": 64 / 219}, 732e9 / 2, True, (
+        "ResNet-50 on a P100 at batch 64: ~219 images/s (TensorFlow's 2017 published benchmarks, "
+        "recalled, not checked here): 0.29 s; it stands in for ResNet-101 (178 MB of gradients in "
+        "~0.5 s at ~128 images/s): the same gradient bytes per second of compute within a few %",
+        "copy: P100 HBM2 732 GB/s, 2 bytes moved per byte packed"),
+        overhead_s=6.4e-6, nccl=("nccl_ring",)),
     Workload("cpu-2s-100g", {"resnet50": 1.3, "bert_base": 2.3}, 10.9e9, False, (
         "one rank per 40-core socket (Xeon Platinum 8380: 40 cores × 2.3 GHz × 32 FP32 FLOP/cycle "
         "= 2.9 TFLOPS peak), assumed 40% of peak in training = 1.2 TFLOP/s",

@@ -84,9 +84,9 @@ def step_cost(step: list[dict], ranks: int, prm: Params, copy_bandwidth: float, 
             "calls": count, "blocking": blocking}
 
 
-def nccl_cost(nbytes: float, ranks: int, k: int, prm: Params) -> float:
-    """NCCL's allreduce: the cheaper of its ring and tree (NCCL picks by size)."""
-    return min(predict("nccl_ring", nbytes, ranks, k, prm), predict("nccl_tree", nbytes, ranks, k, prm))
+def nccl_cost(nbytes: float, ranks: int, k: int, prm: Params, algorithms: tuple[str, ...] = BACKENDS[1:]) -> float:
+    """NCCL's allreduce: the cheapest of ``algorithms`` (NCCL picks ring or tree by size)."""
+    return min(predict(a, nbytes, ranks, k, prm) for a in algorithms)
 
 
 def horovod_step(model: str, ranks: int, prm: Params, load_: Workload, compute_s: float,
@@ -96,7 +96,7 @@ def horovod_step(model: str, ranks: int, prm: Params, load_: Workload, compute_s
     sizes = [4 * math.prod(s) for s in getattr(model_shapes, model)()]
     if load_.gpu:
         def cost(n: float) -> float:
-            return nccl_cost(n, ranks, k, prm)
+            return nccl_cost(n, ranks, k, prm, load_.nccl)
     else:
         def cost(n: float) -> float:
             return predict("flat", n, ranks, k, prm)
@@ -113,13 +113,15 @@ def predict_rows(recorded: dict, preset: str, models: tuple[str, ...] = MODELS, 
     prm, load_ = resolve(preset, "predict_rows"), workload(preset)
     rows = []
     for model in models:
-        compute = (compute_s or {}).get(model, load_.compute_s[model])
+        compute = (compute_s or {}).get(model, load_.compute_s.get(model))
+        if compute is None:
+            raise ValueError(f"predict_rows: no compute time of {model!r} on {preset!r}: pass `compute_s`")
         for p in ranks:
             step = calls(recorded, model, p, prm.ranks_per_node, path)
             row: dict[str, Any] = {"preset": preset, "model": model, "ranks": p,
                                    "nodes": -(-p // prm.ranks_per_node), "compute_s": compute}
-            for backend in BACKENDS if load_.gpu else ("mpi",):
-                cost = step_cost(step, p, prm, load_.copy_bandwidth, backend)
+            for backend in ("mpi",) + (load_.nccl if load_.gpu else ()):
+                cost = step_cost(step, p, prm, load_.copy_bandwidth, backend, load_.overhead_s)
                 row[backend] = {**cost, "efficiency": efficiency(compute, cost["total_s"])}
             hv = horovod_step(model, p, prm, load_, compute)
             row["horovod"] = {"exposed_s": hv.exposed_s, "busy_s": hv.busy_s, "buffers": hv.buffers,
@@ -134,14 +136,14 @@ def _ms(t: float) -> str:
 
 def table(rows: list[dict]) -> str:
     """Markdown: per row, each column's communication (ms) and scaling efficiency."""
-    gpu = "nccl_ring" in rows[0]
-    cols = ["mpidist (MPI, as recorded)"] + (["mpidist calls on NCCL ring", "… on NCCL tree"] if gpu else []) \
-        + ["Horovod (128 MB, 1 ms) exposed (busy)"]
+    backends = [b for b in BACKENDS if b in rows[0]]
+    names = {"mpi": "mpidist (MPI, as recorded)", "nccl_ring": "mpidist's calls on NCCL ring",
+             "nccl_tree": "… on NCCL tree"}
+    cols = [names[b] for b in backends] + ["Horovod (128 MB, 1 ms) exposed (busy)"]
     lines = ["| model | ranks (nodes) | calls (blocking agr.) | " + " | ".join(f"{c}: ms, eff." for c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for r in rows:
-        cells = [f"{_ms(r[b]['total_s'])} ms, {r[b]['efficiency'] * 100:.0f}%"
-                 for b in (BACKENDS if gpu else ("mpi",))]
+        cells = [f"{_ms(r[b]['total_s'])} ms, {r[b]['efficiency'] * 100:.0f}%" for b in backends]
         cells.append(f"{_ms(r['horovod']['exposed_s'])} ({_ms(r['horovod']['busy_s'])}) ms, "
                      f"{r['horovod']['efficiency'] * 100:.0f}%")
         lines.append(f"| {r['model']} | {r['ranks']} ({r['nodes']}) | {r['mpi']['calls']} ({r['mpi']['blocking']}) | "
