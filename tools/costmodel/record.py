@@ -3,7 +3,10 @@
 For each gradient set (mpidist/bench/shapes.py: ResNet-50's 214 Keras tensors, BERT-base's 199) and
 each NumPy-mode path (``strategy.reduce`` of the gradient list, a replica context's ``all_reduce``
 inside ``strategy.run``), two steps run through a real ``MultiWorkerMirroredStrategy``: the first
-(nothing cached yet) and a repeat (the steady state, what every later step costs). The strategy is
+(nothing cached yet) and a repeat (the steady state, what every later step costs). For ResNet-50
+also two TensorFlow paths (unless ``--no-tf``): the replica context's ``all_reduce`` inside a
+``tf.function`` (Keras's optimizer's path) and mpidist's Horovod ``DistributedGradientTape``
+(BERT-base's 438 MB as constants, variables and results at 4 ranks would not fit this machine). The strategy is
 built on a communicator whose class records every reduction it is asked for (mpi4py's ``Clone``
 keeps the class, so the engine's private clone, its agreement exchange and the cached fast path
 record too); the node and leader communicators are wrapped the same way after the strategy is
@@ -26,17 +29,20 @@ merges them; ``--worker FILE`` is what each launched rank runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorded_calls.json")
 SETS = ("resnet50", "bert_base")
 PATHS = ("strategy.reduce", "replica all_reduce")
+TF_PATHS = ("tf.function replica all_reduce", "horovod DistributedGradientTape")
+TF_SETS = ("resnet50",)  # BERT-base's 438 MB as TensorFlow constants, variables and results: too much here
 STEPS = 2
 LAYOUTS = {"one-node": (2, None), "multi-node": (4, 2)}  # name: (ranks, MPIDIST_LOCAL_SIZE)
 
@@ -126,7 +132,39 @@ def _step(strategy: Any, label: str, grads: list[Any]) -> Any:
     return strategy.run(_replica, args=(grads,))
 
 
-def worker(path: str) -> None:
+def _wrap(topology: Any, local: Any, leaders: Any) -> None:
+    """Record on the node and leader communicators too (the job's records already)."""
+    topology.local, topology.cross = local(topology.local), leaders(topology.cross)
+
+
+def _tf_steps(comm: Any, classes: tuple[Any, Any, Any], grads: list[Any]) -> dict[str, Callable[[], Any]]:
+    """TF_PATHS as step functions on ``grads`` (TensorFlow mode; imports TensorFlow)."""
+    import tensorflow as tf
+
+    import mpidist.horovod.tensorflow as hvd
+    import mpidist.tensorflow
+    from mpidist.horovod.tensorflow import basics
+
+    recording, local, leaders = classes
+    strategy = mpidist.tensorflow.MultiWorkerMirroredStrategy(comm=recording(comm))
+    _wrap(strategy.extended.engine.topology, local, leaders)
+    consts = [tf.constant(g) for g in grads]
+
+    def replica(*gs: Any) -> Any:
+        return tf.distribute.get_replica_context().all_reduce("sum", list(gs))
+    in_function = tf.function(lambda *gs: strategy.run(replica, args=gs), autograph=False)
+    hvd.init(comm=recording(comm))
+    _wrap(basics.engine().topology, local, leaders)
+    variables = [tf.Variable(tf.zeros(g.shape)) for g in grads]
+
+    def tape() -> Any:  # the gradients of sum(v * c) are c
+        with tf.GradientTape() as t:
+            loss = tf.add_n([tf.reduce_sum(v * c) for v, c in zip(variables, consts)])
+        return hvd.DistributedGradientTape(t, op=hvd.Sum).gradient(loss, variables)
+    return {TF_PATHS[0]: lambda: in_function(*consts), TF_PATHS[1]: tape}
+
+
+def worker(path: str, with_tf: bool = True) -> None:
     """One launched rank: run every set and path for STEPS steps; rank 0 writes the calls to ``path``."""
     import numpy as np
     from mpi4py import MPI
@@ -135,24 +173,29 @@ def worker(path: str) -> None:
     from mpidist.bench import shapes as model_shapes
     from mpidist.collectives import packing
 
-    recording, local, leaders = _recording_classes()
+    classes = _recording_classes()
+    recording = classes[0]
     comm = MPI.COMM_WORLD
     strategy = mpidist.numpy.MultiWorkerMirroredStrategy(comm=recording(comm))
-    topo = strategy.extended.engine.topology
-    topo.local, topo.cross = local(topo.local), leaders(topo.cross)
-    out: dict[str, Any] = {"ranks": comm.Get_size(), "nodes": topo.num_nodes, "sets": {}}
+    _wrap(strategy.extended.engine.topology, *classes[1:])
+    out: dict[str, Any] = {"ranks": comm.Get_size(), "nodes": strategy.extended.engine.topology.num_nodes,
+                           "sets": {}}
+    want = comm.Get_size() * (comm.Get_size() + 1) / 2
     for name in SETS:
         shapes = getattr(model_shapes, name)()
         grads = [np.full(s, comm.Get_rank() + 1.0, np.float32) for s in shapes]
         recording.leaves = grads
         total = sum(g.nbytes for g in grads)
+        runs: dict[str, Callable[[], Any]] = {label: functools.partial(_step, strategy, label, grads)
+                                              for label in PATHS}
+        if with_tf and name in TF_SETS:
+            runs.update(_tf_steps(comm, classes, grads))
         paths: dict[str, list] = {}
-        for label in PATHS:
+        for label, run in runs.items():
             steps = []
             for _ in range(STEPS):
                 recording.log = []
-                got = _step(strategy, label, grads)
-                want = comm.Get_size() * (comm.Get_size() + 1) / 2
+                got = run()
                 if not all(np.all(np.asarray(g) == want) for g in got):
                     raise RuntimeError(f"record: {name} through {label}: a result is not the sum over ranks")
                 steps.append(calls_of(recording.log))
@@ -160,18 +203,19 @@ def worker(path: str) -> None:
         out["sets"][name] = {"tensors": len(shapes), "bytes": total, "fusion_threshold": packing.FUSION_BYTES,
                              "bound": math.ceil(total / packing.FUSION_BYTES) + 1, "paths": paths}
         recording.leaves = []
-        del grads
+        del grads, runs
     strategy.extended.engine.close()
     if comm.Get_rank() == 0:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(out, f)
 
 
-def record(out_path: str, mpirun: str = "mpirun", timeout: int = 900) -> dict:
+def record(out_path: str, mpirun: str = "mpirun", timeout: int = 900, with_tf: bool = True) -> dict:
     """Launch both layouts, merge rank 0's calls into ``out_path``; returns the merged dict."""
     import mpidist
 
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notes, once per rank
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     merged: dict[str, Any] = {
@@ -183,11 +227,12 @@ def record(out_path: str, mpirun: str = "mpirun", timeout: int = 900) -> dict:
         for layout, (ranks, local) in LAYOUTS.items():
             part = os.path.join(tmp, f"{layout}.json")
             cmd = [mpirun, "-n", str(ranks), "--oversubscribe", "--bind-to", "none", "--mca",
-                   "mpi_yield_when_idle", "1", "-x", "PYTHONPATH"]
+                   "mpi_yield_when_idle", "1", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
             if local:
                 cmd += ["-x", f"MPIDIST_LOCAL_SIZE={local}"]
                 env["MPIDIST_LOCAL_SIZE"] = str(local)
             cmd += [sys.executable, "-m", "tools.costmodel", "record", "--worker", part]
+            cmd += [] if with_tf else ["--no-tf"]
             subprocess.run(cmd, env=env, cwd=root, check=True, timeout=timeout)
             env.pop("MPIDIST_LOCAL_SIZE", None)
             with open(part, encoding="utf-8") as f:
@@ -201,12 +246,13 @@ def record(out_path: str, mpirun: str = "mpirun", timeout: int = 900) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.costmodel record", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="where to write the calls (default: the committed file)")
-    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--no-tf", action="store_true", help="NumPy paths only (no TensorFlow import)")
+    parser.add_argument("--worker", default="", help="run as one rank of a launched job, writing this file")
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker)
+        worker(args.worker, not args.no_tf)
         return 0
-    merged = record(args.out)
+    merged = record(args.out, with_tf=not args.no_tf)
     for layout, part in merged["layouts"].items():
         for name, s in part["sets"].items():
             for label, steps in s["paths"].items():
