@@ -41,6 +41,13 @@ def test_step_cost_backends_and_errors():
     calls = [{"collective": "allreduce", "bytes": 8000, "algorithm": "flat", "packed": False}]
     # NCCL ring on one node of 2: 2(p-1)(α + n/p β) = 2 (1 µs + 4 µs)
     assert step.step_cost(calls, 2, PRM, 1e9, "nccl_ring", 0.0)["total_s"] == pytest.approx(10e-6)
+    # the GPU path on one node: NCCL, the cheaper of ring (10 µs) and tree (2·(k-1)α + 2nβ = 18 µs);
+    # its agreements are speculated, so a blocking one in the host recording is not charged
+    blocking = [{"collective": "agreement", "bytes": 24, "speculated": False}] + calls
+    assert step.step_cost(blocking, 2, PRM, 1e9, "gpu_path", 0.0)["total_s"] == pytest.approx(10e-6)
+    # across nodes, nccl+mpi: the model's reduce-scatter / per-shard allreduce / allgather variant
+    assert step.step_cost(calls, 4, PRM, 1e9, "gpu_path", 0.0)["total_s"] == pytest.approx(
+        step.predict("hierarchical_rs", 8000, 4, 2, PRM))
     with pytest.raises(ValueError, match="`backend` must be one of"):
         step.step_cost(calls, 2, PRM, 1e9, "gloo")
     with pytest.raises(ValueError, match="`copy_bandwidth` must be"):

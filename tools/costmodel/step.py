@@ -15,11 +15,15 @@ recorded paths reduce after the backward pass):
 - a ``packed`` call: one copy of its bytes into the pack at the workload's ``copy_bandwidth``
   (results are views of the receive buffer: no copy out).
 
-The same calls with ``backend`` ``nccl_ring`` or ``nccl_tree`` cost each data call as NCCL's ring or
-tree over the whole job instead (GPU presets: what the device path's NCCL call would cost for the
-same packs). Horovod's schedule of the same gradient set (horovod.py: 128 MB fusion, 1 ms cycle,
-overlapped with the backward pass) comes beside it. Scaling efficiency = compute / (compute +
-exposed communication), compute from presets.py's workloads (assumptions, stated there).
+On GPU presets the same packs are also costed as mpidist's device path would move them (the GPU
+path uses the same packing plan, packing.py): ``backend="gpu_path"``: on one node its ``nccl`` path
+(NCCL over the node: the cheaper of ring and tree), across nodes its ``nccl+mpi`` path (NCCL
+reduce-scatter in the node, MPI allreduce of each shard across nodes, NCCL all-gather: the model's
+``hierarchical_rs``; docs/gpu.md), its agreements speculated (GPU allreduces speculate: agreement.py);
+``nccl_ring`` / ``nccl_tree``: each data call as one NCCL ring or tree over the whole job. Horovod's
+schedule of the same gradient set (horovod.py: 128 MB fusion, 1 ms cycle, overlapped with the
+backward pass) comes beside it. Scaling efficiency = compute / (compute + exposed communication),
+compute from presets.py's workloads (assumptions, stated there).
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ from .presets import MODELS, Params, Workload, workload
 from .record import DEFAULT_OUT
 
 RANKS = tuple(8 << i for i in range(10))  # 8 ... 4096
-BACKENDS = ("mpi", "nccl_ring", "nccl_tree")
+BACKENDS = ("mpi", "gpu_path", "nccl_ring", "nccl_tree")
+NCCL = ("nccl_ring", "nccl_tree")
 OVERHEAD_S = 14.6e-6
 
 
@@ -61,8 +66,10 @@ def calls(recorded: dict, model: str, ranks: int, ranks_per_node: int, path: str
 
 
 def step_cost(step: list[dict], ranks: int, prm: Params, copy_bandwidth: float, backend: str = "mpi",
-              overhead_s: float = OVERHEAD_S, ranks_per_node: int | None = None) -> dict[str, Any]:
-    """Seconds of one recorded step at ``ranks`` ranks: data, agreement, copy, total (module docstring)."""
+              overhead_s: float = OVERHEAD_S, ranks_per_node: int | None = None,
+              nccl: tuple[str, ...] = NCCL) -> dict[str, Any]:
+    """Seconds of one recorded step at ``ranks`` ranks: data, agreement, copy, total (module docstring);
+    ``nccl``: the NCCL algorithms the ``gpu_path`` backend may pick inside a node."""
     if backend not in BACKENDS:
         raise ValueError(f"step_cost: `backend` must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if not copy_bandwidth > 0:
@@ -72,19 +79,23 @@ def step_cost(step: list[dict], ranks: int, prm: Params, copy_bandwidth: float, 
     count = blocking = 0
     for call in step:
         if call["collective"] == "agreement":
-            if not call["speculated"]:
+            if not call["speculated"] and backend == "mpi":
                 agree += predict("flat", call["bytes"], ranks, k, prm)
                 blocking += 1
             continue
-        algorithm = call["algorithm"] if backend == "mpi" else backend
-        data += predict(algorithm, call["bytes"], ranks, k, prm) + overhead_s
+        if backend == "gpu_path":
+            seconds = nccl_cost(call["bytes"], ranks, k, prm, nccl) if ranks <= k else \
+                predict("hierarchical_rs", call["bytes"], ranks, k, prm)
+        else:
+            seconds = predict(call["algorithm"] if backend == "mpi" else backend, call["bytes"], ranks, k, prm)
+        data += seconds + overhead_s
         copy += call["bytes"] / copy_bandwidth if call["packed"] else 0.0
         count += 1
     return {"data_s": data, "agreement_s": agree, "copy_s": copy, "total_s": data + agree + copy,
             "calls": count, "blocking": blocking}
 
 
-def nccl_cost(nbytes: float, ranks: int, k: int, prm: Params, algorithms: tuple[str, ...] = BACKENDS[1:]) -> float:
+def nccl_cost(nbytes: float, ranks: int, k: int, prm: Params, algorithms: tuple[str, ...] = NCCL) -> float:
     """NCCL's allreduce: the cheapest of ``algorithms`` (NCCL picks ring or tree by size)."""
     return min(predict(a, nbytes, ranks, k, prm) for a in algorithms)
 
@@ -120,8 +131,8 @@ def predict_rows(recorded: dict, preset: str, models: tuple[str, ...] = MODELS, 
             step = calls(recorded, model, p, prm.ranks_per_node, path)
             row: dict[str, Any] = {"preset": preset, "model": model, "ranks": p,
                                    "nodes": -(-p // prm.ranks_per_node), "compute_s": compute}
-            for backend in ("mpi",) + (load_.nccl if load_.gpu else ()):
-                cost = step_cost(step, p, prm, load_.copy_bandwidth, backend, load_.overhead_s)
+            for backend in ("mpi",) + (("gpu_path",) + load_.nccl if load_.gpu else ()):
+                cost = step_cost(step, p, prm, load_.copy_bandwidth, backend, load_.overhead_s, nccl=load_.nccl)
                 row[backend] = {**cost, "efficiency": efficiency(compute, cost["total_s"])}
             hv = horovod_step(model, p, prm, load_, compute)
             row["horovod"] = {"exposed_s": hv.exposed_s, "busy_s": hv.busy_s, "buffers": hv.buffers,
@@ -137,8 +148,8 @@ def _ms(t: float) -> str:
 def table(rows: list[dict]) -> str:
     """Markdown: per row, each column's communication (ms) and scaling efficiency."""
     backends = [b for b in BACKENDS if b in rows[0]]
-    names = {"mpi": "mpidist (MPI, as recorded)", "nccl_ring": "mpidist's calls on NCCL ring",
-             "nccl_tree": "… on NCCL tree"}
+    names = {"mpi": "mpidist (MPI, as recorded)", "gpu_path": "mpidist's GPU path (nccl, nccl+mpi)",
+             "nccl_ring": "its packs on one NCCL ring", "nccl_tree": "… on NCCL tree"}
     cols = [names[b] for b in backends] + ["Horovod (128 MB, 1 ms) exposed (busy)"]
     lines = ["| model | ranks (nodes) | calls (blocking agr.) | " + " | ".join(f"{c}: ms, eff." for c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
