@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", default=DEFAULT_OUT, help="recorded calls (default: the committed file)")
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="comma-separated rank counts")
     parser.add_argument("--models", default=",".join(MODELS), help=f"among {', '.join(MODELS)}")
-    parser.add_argument("--path", default="strategy.reduce", help="recorded path (strategy.reduce, replica all_reduce)")
+    parser.add_argument("--path", default="strategy.reduce",
+                        help="recorded path: strategy.reduce (default), replica all_reduce; for resnet50 also "
+                             "tf.function replica all_reduce, horovod DistributedGradientTape")
     parser.add_argument("--compute-ms", default="", help="override compute per step, e.g. resnet50=120,bert_base=50")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
