@@ -92,7 +92,8 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
                              "wait instead of MPI_Allreduce (2-3x faster from 32 MB at 2 ranks with Open MPI 5 "
                              "here, a toss-up below); 0 = always; must be equal on every rank"),
     "bytes_per_pack": (0, _nonneg_int,
-                       "default pack size for nested collectives in bytes; 0 = automatic"),
+                       "default pack size for nested collectives in bytes (and TensorFlow's backprop bucket size); "
+                       "0 = automatic: every leaf fused into packs of up to 64 MiB, no buckets"),
     "local_size": (0, _nonneg_int,
                    "fake nodes of this many consecutive ranks (testing the hierarchical path on "
                    "one machine); 0 = nodes from MPI_Comm_split_type(COMM_TYPE_SHARED)"),

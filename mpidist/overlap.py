@@ -15,15 +15,19 @@ the reduced gradients in the variables' order::
         grads = buckets.result()                         # reduced, in the order of params
 
 Buckets are TensorFlow's (tensorflow/buckets.py; the rule is ``packing.backprop_buckets``): the
-variables walked from the last, a bucket closing at the first gradient that brings it to the
+variables walked from the last, a bucket closing before the gradient that would take it over the
 bucket size: ``bytes_per_pack`` of the call's ``options``, else of the strategy's
 CommunicationOptions, else ``mpidist.rc.bytes_per_pack``; 0 (automatic, the default) means
-**4 MiB**. Buckets start strictly in that order, whatever order the gradients come in (a bucket
-waits for the ones before it), so every rank issues the same collectives in the same order. Each
-bucket is one all-reduce of a list through the strategy's own reduction (its cross-device ops and
-options, as ``extended.reduce_to``), or, with ``engine=``, through the engine; every element is
-reduced over the same ranks as with one all-reduce of all gradients, so results are equal bit for
-bit where MPI sums an element's ranks in the same order whatever the message size (docs/overlap.md).
+**64 MiB**, the engine's automatic pack size (collectives/packing.py), so a bucket is one pack and
+bucketing costs no MPI call more than one all-reduce of every gradient (a model of less than 64 MiB
+of gradients is one bucket: give a smaller ``bytes_per_pack`` to overlap; each bucket then pays a
+collective's latency and, as buckets differ in signature, a blocking agreement: agreement.py).
+Buckets start strictly in that order, whatever order the gradients come in (a bucket waits for the
+ones before it), so every rank issues the same collectives in the same order. Each bucket is one
+all-reduce of a list through the strategy's own reduction (its cross-device ops and options, as
+``extended.reduce_to``), or, with ``engine=``, through the engine; every element is reduced over
+the same ranks as with one all-reduce of all gradients, so results are equal bit for bit where MPI
+sums an element's ranks in the same order whatever the message size (docs/overlap.md).
 
 Gradients must not be changed between ``add`` and ``result()`` (their all-reduce reads them on the
 progress thread). Works in NumPy mode (strategies built without TensorFlow imported, or with
@@ -40,18 +44,18 @@ import numpy as np
 from ._config import rc
 from .collectives import Engine, progress
 from .collectives.options import CallOptions
-from .collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
+from .collectives.packing import FUSION_BYTES, backprop_buckets, packed_bucket_bytes
 from .cross_device import ReduceOp, as_reduce_op, call_options_of
 from .cross_device_ops import MPIAllReduce
 from .strategies import StrategyExtended, get_strategy
 from .validation import is_integer
 
-DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
+DEFAULT_BUCKET_BYTES = FUSION_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 64 MiB, one pack each
 
 
 def bucket_bytes(options: CallOptions) -> int:
     """The bucket size: ``options.bytes_per_pack`` when set, else ``rc.bytes_per_pack``; 0 (automatic):
-    4 MiB (packing's rule)."""
+    64 MiB, the pack size (packing's rule)."""
     return packed_bucket_bytes(options.bytes_per_pack, rc.bytes_per_pack)
 
 

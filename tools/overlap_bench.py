@@ -15,8 +15,9 @@ blocks (medians over blocks):
   context, bucketed as in the step after (and in one op, as before);
 - step before: the code at ``--before`` (git revision, default 0e18d34, the revision before
   buckets): one all-reduce op after the whole backward pass, ordered by two AssignVariableOps;
-- step after: this checkout: buckets of ``--bucket-bytes`` (default: the strategy's
-  ``bytes_per_pack``, i.e. 0 = automatic = 4 MiB) in backprop order, each its own op.
+- step after: this checkout: buckets of ``--bucket-bytes`` (the strategy's ``bytes_per_pack``,
+  default 4 MiB, the automatic bucket size until issue 33; 0: automatic, which since then makes no
+  buckets in TensorFlow, one op fused into 64 MiB packs) in backprop order, each its own op.
 
 The figure of merit is step / max(compute only, communication only): 1.0 is perfect overlap,
 (compute + comm) / max(compute, comm) is none. ``--accumulation`` measures Keras'
@@ -261,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.overlap_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="time per comparison (default 6)")
     model_arguments(parser)
-    parser.add_argument("--bucket-bytes", type=int, default=0,
-                        help="bytes_per_pack of the strategy after (default 0: automatic, 4 MiB buckets)")
+    parser.add_argument("--bucket-bytes", type=int, default=4 << 20,
+                        help="bytes_per_pack of the strategy after (default 4 MiB; 0: automatic, no buckets)")
     parser.add_argument("--before", default=DEFAULT_BEFORE, help=f"git revision of 'before' (default {DEFAULT_BEFORE})")
     parser.add_argument("--threads", type=int, nargs=2, default=(0, 0), metavar=("INTRA", "INTER"),
                         help="TensorFlow intra- and inter-op threads per rank (default 0 0: TensorFlow's choice)")

@@ -14,7 +14,8 @@ blocks (medians over blocks, ``mpidist.bench.timing``):
 - step before: the backward pass, then one ``strategy.reduce(MEAN, grads)``, then the update;
 - step after: each gradient goes to ``GradientBuckets.add`` as the backward pass makes it, so a
   bucket's all-reduce runs on the progress thread while the backward pass goes on; then
-  ``result()`` and the update. Buckets of ``--bucket-bytes`` (default 0: automatic, 4 MiB).
+  ``result()`` and the update. Buckets of ``--bucket-bytes`` (default 4 MiB; 0: automatic,
+  the engine's pack size, 64 MiB).
 
 The figure of merit is step / max(compute only, communication only): 1.0 is perfect overlap,
 (compute + comm) / max(compute, comm) is none. The step after must train the same weights as the
@@ -159,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1024, help="hidden width (default 1024)")
     parser.add_argument("--depth", type=int, default=4, help="hidden ReLU layers (default 4)")
     parser.add_argument("--batch", type=int, default=64, help="per-replica batch (default 64)")
-    parser.add_argument("--bucket-bytes", type=int, default=0,
-                        help="bytes_per_pack of the strategy (default 0: automatic, 4 MiB buckets)")
+    parser.add_argument("--bucket-bytes", type=int, default=4 << 20,
+                        help="bytes_per_pack of the strategy (default 4 MiB; 0: automatic, 64 MiB buckets)")
     parser.add_argument("--bucket-timeout", type=float, default=None,
                         help="timeout_seconds of each bucket (a deadline polls MPI with naps instead of spinning)")
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads per rank (default 1)")

@@ -1,9 +1,12 @@
-"""``python -m mpidist bench [summary|paths|v1|gpu] [options]`` (under mpirun/srun).
+"""``python -m mpidist bench [summary|paths|fusion|v1|gpu] [options]`` (under mpirun/srun).
 
 - ``summary`` (default): allreduce of 4 KB, 4 MB, 64 MB and a 100 × 4 KB nest, against raw mpi4py;
 - ``paths``: one allreduce of 1-64 MB through raw MPI (Allreduce, Iallreduce), the engine,
   ``strategy.reduce`` and the replica context, in one run; ``--before PATH`` adds another
   checkout's mpidist, interleaved (bench/paths.py);
+- ``fusion``: one step's gradients of ResNet-50, BERT-base or 1000 small tensors through
+  ``strategy.reduce`` and a replica context, against one hand-packed raw Allreduce and one raw call
+  per tensor (bench/fusion.py);
 - ``v1``: a ``tf.compat.v1`` Session.run training step with Horovod's DistributedOptimizer against the
   same step in one process (needs TensorFlow; bench/v1.py);
 - ``gpu``: allreduce of CuPy arrays, mpidist's GPU path against raw CuPy NCCL (needs CuPy and GPUs).
@@ -18,7 +21,7 @@ import importlib
 import sys
 
 _MODES = {"summary": "mpidist.bench.summary", "paths": "mpidist.bench.paths", "gpu": "mpidist.bench.gpu",
-          "v1": "mpidist.bench.v1"}
+          "v1": "mpidist.bench.v1", "fusion": "mpidist.bench.fusion"}
 _MOVED = {"sweep": "tools.sweep", "tf": "tools.tf_bench", "tf-sweep": "tools.tf_sweep", "model": "tools.costmodel"}
 
 

@@ -9,13 +9,20 @@ collective as soon as ITS gradients exist, while the rest of the backward pass s
 - Buckets follow the order backprop produces gradients: the REVERSE of the list's order (Keras
   and ``tape.gradient`` list gradients in the order of the variables, first layer first; the
   last layer's gradients are ready first). The first bucket holds the list's last tensors.
-- A bucket closes as soon as it holds at least ``bytes_per_pack`` bytes (the strategy's
-  ``CommunicationOptions(bytes_per_pack=...)`` or ``mpidist.rc.bytes_per_pack``); with 0
-  (automatic, the default) at :data:`DEFAULT_BUCKET_BYTES` (4 MiB). So a bucket exceeds the
-  limit by less than its last tensor, and a layer's small bias joins the next kernel's bucket
-  instead of travelling alone (PyTorch DDP's rule; its default cap is 25 MB). With ``num_packs``
-  set there are no buckets (one op, whose engine call splits the list into that many packs, as
-  TensorFlow's cross-device ops do).
+- Buckets are asked for with a pack size: ``bytes_per_pack`` B > 0 (the strategy's or the call's
+  ``CommunicationOptions(bytes_per_pack=B)``, ``mpidist.rc.bytes_per_pack`` or Horovod's
+  HOROVOD_FUSION_THRESHOLD). A bucket closes before the tensor that would take it over B bytes:
+  the engine's pack rule (collectives/packing.py) walked backwards, so a bucket of one dtype is
+  exactly one pack and bucketing adds no MPI call; a tensor of B bytes or more is a bucket of its
+  own. **Automatic packing (0, the default) makes no buckets**: the list is one collective op,
+  which the engine fuses into packs of up to 64 MiB (ResNet-50's 102 MB: 2 MPI calls) under ONE
+  agreement, speculated from the second step on. Buckets are collectives of different
+  signatures, and the agreement speculates only on a repeat of the previous collective's
+  (collectives/agreement.py), so each bucket of a step pays a blocking agreement round trip: a
+  price worth paying only where overlap hides more than that, which the user knows better
+  (docs/overlap.md, docs/performance.md). With ``num_packs`` set there are no buckets either
+  (one op, whose engine call splits the list into that many packs, as TensorFlow's cross-device
+  ops do).
 - Only the ORDER of the collectives is fixed (the bridge's ordering token,
   collectives.py): bucket 1, then 2, ... on every rank.
 - Plans are made from static sizes, so every rank makes the same one; a list with a tensor of
@@ -39,16 +46,16 @@ import tensorflow as tf
 
 from .._config import rc
 from ..collectives.options import CallOptions
-from ..collectives.packing import AUTO_PACK_BYTES, backprop_buckets, packed_bucket_bytes
-
-DEFAULT_BUCKET_BYTES = AUTO_PACK_BYTES  # bytes_per_pack=0 (automatic): buckets of up to 4 MiB
+from ..collectives.packing import backprop_buckets
 
 
 def bucket_bytes(options: CallOptions) -> int | None:
-    """The bucket size ``options`` gives (rc's default filled in), or None: no buckets."""
+    """The bucket size ``options`` gives (rc's default filled in), or None: no buckets (automatic
+    packing, ``bytes_per_pack`` 0, or ``num_packs`` set)."""
     if options.num_packs is not None:
         return None
-    return packed_bucket_bytes(options.bytes_per_pack, rc.bytes_per_pack)
+    size = rc.bytes_per_pack if options.bytes_per_pack is None else options.bytes_per_pack
+    return int(size) or None
 
 
 def nbytes(t: tf.Tensor) -> int | None:

@@ -81,6 +81,17 @@ def test_bench_smoke(comm, capsys):
     assert all(r["raw"] > 0 and r["mpidist"] > 0 for r in rows)
 
 
+def test_bench_fusion_smoke(comm, capsys):
+    """`bench fusion` runs end to end on a small gradient set, every case's result checked against the
+    sum before timing (a smoke test: no timing is asserted)."""
+    codes, output = cli(comm, capsys, "bench", "fusion", "--model", "small", "--seconds", "0.1", "--json")
+    assert codes == [0] * comm.Get_size(), output
+    row = json.loads(output[output.index("{"):])
+    assert row["model"] == "small" and row["tensors"] == 1000 and row["ranks"] == comm.Get_size()
+    assert set(row["median"]) == {"raw fused", "raw fused, Iallreduce", "raw per tensor", "reduce", "replica"}
+    assert row["ratio"]["raw fused, Iallreduce"] == 1.0 and all(t > 0 for t in row["median"].values())
+
+
 def test_soak_smoke(comm, capsys):
     """A short soak: random collectives, every result checked exactly on every rank."""
     codes, output = cli(comm, capsys, "soak", "--collectives", "150", "--max-bytes", "600KB", "--json")

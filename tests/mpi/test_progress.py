@@ -198,7 +198,7 @@ def test_buckets_through_the_current_strategy_any_order(comm):
 
         def step(order, k):
             buckets = GradientBuckets(like, mpidist.ReduceOp.MEAN)
-            assert buckets.bucket_bytes == 4 * 1024 * 1024 and len(buckets.plan) == 1  # the default: 4 MiB
+            assert buckets.bucket_bytes == mpidist.collectives.packing.FUSION_BYTES and len(buckets.plan) == 1  # default
             grads = _grads(rank, k, np.float64)
             for i in order:
                 buckets.add(i, grads[i])

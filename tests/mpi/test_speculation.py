@@ -49,8 +49,10 @@ def test_mismatch_after_repeats_raises_everywhere_and_the_comm_stays_usable(engi
 
 
 @pytest.mark.mpi(min_size=2)
-def test_mismatch_on_the_cached_list_path_after_repeats(engine, comm):
-    """Two packs (a leaf of 80 KB travels alone): the ranks that did not speculate replay both."""
+def test_mismatch_on_the_cached_list_path_after_repeats(engine, comm, rc_settings):
+    """Two packs (packs of 64 KiB: the leaf of 80 KB travels alone): the ranks that did not speculate
+    replay both."""
+    rc_settings(bytes_per_pack=64 * 1024)  # automatic packing would fuse both leaves into one pack
     value = [np.ones(20000, dtype=np.float32), np.ones(5, dtype=np.float32)]
     for _ in range(3):
         engine.allreduce(value)

@@ -53,9 +53,10 @@ def test_plan_is_backprop_order_and_respects_the_bucket_size():
     assert plan[0][-1] == len(SHAPES) - 1                      # the last tensor goes first
     firsts = [max(b) for b in plan]
     assert firsts == sorted(firsts, reverse=True)              # later tensors, earlier buckets
-    for b in plan[:-1]:  # a bucket closes at the first tensor that brings it to the limit
-        assert sum(sizes[i] for i in b) >= 4096 > sum(sizes[i] for i in b) - sizes[min(b)]
-    assert sum(sizes[i] for i in plan[-1]) < 4096 or len(plan[-1]) == 1
+    for b, after in zip(plan, plan[1:]):  # a bucket closes before the tensor that would overflow it
+        assert sum(sizes[i] for i in b) <= 4096 or len(b) == 1
+        assert sum(sizes[i] for i in b) + sizes[max(after)] > 4096
+    assert sum(sizes[i] for i in plan[-1]) <= 4096 or len(plan[-1]) == 1
     assert buckets.plan(sizes, None) == [list(range(len(SHAPES)))]
     assert buckets.plan(sizes[:3] + [None], 4096) == [[0, 1, 2, 3]]  # unknown size: no buckets
 

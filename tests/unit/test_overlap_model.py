@@ -13,16 +13,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from mpidist.collectives import packing  # noqa: E402
 from mpidist.collectives.packing import backprop_buckets  # noqa: E402
 from tools.costmodel import overlap  # noqa: E402
 from tools.costmodel.__main__ import main as costmodel_main  # noqa: E402
 
 
 @pytest.mark.parametrize("limit", [1, 100, 4096, 1 << 22, 1 << 40])
-def test_backprop_buckets_close_at_the_first_entry_that_fills_them(limit):
+def test_backprop_buckets_close_before_the_entry_that_would_overflow_them(limit):
     """The one bucket rule (packing.backprop_buckets), which the TF bridge and this model share:
-    contiguous index ranges from the end, each closed by the first entry that brings it to the
-    limit; only the last bucket may stay below it."""
+    contiguous index ranges from the end, each closed before the entry that would take it over the
+    limit (the engine's pack rule walked backwards): a bucket holds at most ``limit`` bytes unless it
+    is one entry, and it plus the next entry would not fit."""
     rng = np.random.default_rng(limit % 1000)
     for _ in range(50):
         sizes = [int(s) for s in rng.integers(1, 5000, size=rng.integers(1, 12))]
@@ -31,8 +33,14 @@ def test_backprop_buckets_close_at_the_first_entry_that_fills_them(limit):
         for k, b in enumerate(got):
             assert b == list(range(b[0], b[-1] + 1))
             held = sum(sizes[i] for i in b)
-            if k < len(got) - 1 or held >= limit:
-                assert held >= limit and held - sizes[b[0]] < limit  # b[0] was added last
+            assert held <= limit or len(b) == 1
+            if k < len(got) - 1:  # the next bucket's last entry (added next) did not fit
+                assert held + sizes[got[k + 1][-1]] > limit
+        # the pack rule walked backwards: the engine's plan of the reversed list, where no entry fills a
+        # pack by itself (the plan fuses small entries around such a one; a bucket must be contiguous)
+        n = len(sizes)
+        if max(sizes) < limit:
+            assert got == [sorted(n - 1 - j for j in p) for p in packing.plan(sizes[::-1], [0] * n, limit, None)]
         assert backprop_buckets(sizes, None) == [list(range(len(sizes)))]
         assert backprop_buckets(sizes + [None], limit) == [list(range(len(sizes) + 1))]
     assert backprop_buckets([], limit) == []

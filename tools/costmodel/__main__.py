@@ -1,5 +1,6 @@
-"""``python -m tools.costmodel [fit|overlap] [options]``: predictions from the cost model, its fit to sweeps,
-or a step with gradient buckets overlapping backprop (overlap.py)."""
+"""``python -m tools.costmodel [fit|overlap|record|step] [options]``: predictions from the cost model, its fit
+to sweeps, a step with gradient buckets overlapping backprop (overlap.py), the recorded MPI calls of a
+training step (record.py) and their predicted cost to 4096 ranks against Horovod's schedule (step.py)."""
 from __future__ import annotations
 
 import sys
@@ -10,6 +11,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fit"]:
         from .fit import main as fit_main
         return fit_main(argv[1:])
+    if argv[:1] == ["record"]:
+        from .record import main as record_main
+        return record_main(argv[1:])
+    if argv[:1] == ["step"]:
+        from .step import main as step_main
+        return step_main(argv[1:])
     if argv[:1] == ["overlap"]:
         from .overlap import main as overlap_main
         return overlap_main(argv[1:])

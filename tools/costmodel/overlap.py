@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mpidist.collectives.packing import backprop_buckets
+from mpidist.collectives.packing import FUSION_BYTES, backprop_buckets
 
 from .chief import is_chief
 from .model import ALGORITHMS, predict, resolve
@@ -50,7 +50,7 @@ BUILTIN = {
         {"name": "dense_4/bias", "bytes": 40, "ready_ms": 3.788},
     ],
 }
-DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024  # mpidist's default (bytes_per_pack=0)
+DEFAULT_BUCKET_BYTES = FUSION_BYTES  # mpidist's default (bytes_per_pack=0): 64 MiB, one pack per bucket
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="rank counts (default 2 8 64 512)")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="default: the preset's")
     parser.add_argument("--algorithm", default="hierarchical", help="model algorithm (default hierarchical)")
-    parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, help="default 4 MiB")
+    parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, help="default 64 MiB (mpidist's)")
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="rescale compute (forward + backward + update) to this many ms (default: as profiled)")
     parser.add_argument("--overhead-ms", type=float, default=0.03, help="software cost per collective (default 0.03)")
