@@ -1,4 +1,4 @@
-"""``python -m mpidist bench [summary|paths|fusion|v1|gpu] [options]`` (under mpirun/srun).
+"""``python -m mpidist bench [summary|paths|fusion|v1|gpu|scale] [options]`` (under mpirun/srun).
 
 - ``summary`` (default): allreduce of 4 KB, 4 MB, 64 MB and a 100 × 4 KB nest, against raw mpi4py;
 - ``paths``: one allreduce of 1-64 MB through raw MPI (Allreduce, Iallreduce), the engine,
@@ -9,7 +9,9 @@
   per tensor (bench/fusion.py);
 - ``v1``: a ``tf.compat.v1`` Session.run training step with Horovod's DistributedOptimizer against the
   same step in one process (needs TensorFlow; bench/v1.py);
-- ``gpu``: allreduce of CuPy arrays, mpidist's GPU path against raw CuPy NCCL (needs CuPy and GPUs).
+- ``gpu``: allreduce of CuPy arrays, mpidist's GPU path against raw CuPy NCCL (needs CuPy and GPUs);
+- ``scale``: at any job size, every collective checked against a local reference, start-up time and
+  per-call time (``--against`` an earlier run's JSON, e.g. at -n 2: ratios; bench/scale.py).
 
 The larger measurement tools (size sweeps, TensorFlow comparisons, the cost model) live in the
 repository's ``tools/`` directory: ``python -m tools.sweep``, ``tools.tf_bench``, ``tools.tf_sweep``,
@@ -21,7 +23,7 @@ import importlib
 import sys
 
 _MODES = {"summary": "mpidist.bench.summary", "paths": "mpidist.bench.paths", "gpu": "mpidist.bench.gpu",
-          "v1": "mpidist.bench.v1", "fusion": "mpidist.bench.fusion"}
+          "v1": "mpidist.bench.v1", "fusion": "mpidist.bench.fusion", "scale": "mpidist.bench.scale"}
 _MOVED = {"sweep": "tools.sweep", "tf": "tools.tf_bench", "tf-sweep": "tools.tf_sweep", "model": "tools.costmodel"}
 
 

@@ -1,7 +1,8 @@
 """Stall reports without storms: a collective that some ranks have not entered, after
 ``rc.stall_seconds``, gives one report, on the chief, naming the ranks not in it and where they are,
 for at most 3 (N - 1) messages in all (counted by every rank's monitor); a long collective that every
-rank is inside gives none. (The report under a real mpirun, and the abort: tests/launch/test_stall_jobs.py.)"""
+rank is inside gives none. (The report under a real mpirun, the abort, and the same count at 8 ranks
+on 4 fake nodes, where the job then goes on, aborts or times out: tests/launch/test_stall_jobs.py.)"""
 from __future__ import annotations
 
 import logging
