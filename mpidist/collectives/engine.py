@@ -141,8 +141,8 @@ class Engine:
         no_arguments = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None
         plain = no_arguments and (options is None or getattr(options, "empty", False) is True)
         # the cached fast path also serves calls that only choose the implementation for device arrays
-        implementation = "auto" if options is None or plain else \
-            options.implementation if no_arguments and getattr(options, "implementation_only", False) is True else None
+        implementation = "auto" if plain else options.implementation \
+            if no_arguments and options is not None and getattr(options, "implementation_only", False) is True else None
         if implementation is not None and pipeline.broken is None:  # a repeat of an earlier call: fastpath.py
             fast = pipeline.fast.lookup(op, value, implementation)
             if fast is not None:

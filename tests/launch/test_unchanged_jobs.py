@@ -55,7 +55,7 @@ def test_keras_tutorial_main_reads_tf_config(mpirun, tmp_path, n):
     assert sorted(facts) == [str(r) for r in range(n)], job.output[-4000:]
     for line in facts.values():
         fact = json.loads(line)
-        assert (fact["replicas"], fact["isinstance"], fact["strategy"]) == (n, True, "mpidist.tensorflow.strategy")
+        assert (fact["replicas"], fact["isinstance"], fact["strategy"]) == (n, True, "mpidist.on_tensorflow")
     if n == 2:
         assert ("the TF_CONFIG that was set disagrees with MPI (it lists 3 chief/worker task(s), MPI has 2 rank(s); "
                 "rank 1 is task worker:0 there (replica 0), not replica 1)") in job.output, job.output[-4000:]
