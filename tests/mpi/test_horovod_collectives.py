@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import mpidist
 import mpidist.horovod.tensorflow as hvd
 from horovod_support import MODES, data, run
 
@@ -97,6 +98,29 @@ def test_grouped_allreduce(mode):
     np.testing.assert_allclose(out[0], np.sum(a, axis=0))
     np.testing.assert_allclose(out[1], np.sum(b, axis=0))
     assert out[1].dtype == np.float64
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_average_of_equal_values_is_exact(mode, monkeypatch):
+    """grouped_allreduce's Average reduces float32 in float64 and rounds once, so equal values average
+    to themselves at any size (Horovod's tests demand it at 3 ranks, where a float32 sum divided by 3
+    can be off by an ulp); the default allreduce takes the engine's MEAN in the tensor's dtype."""
+    seen = []
+    original = mpidist.Engine.allreduce
+
+    def spy(self, value, op="sum", **kwargs):
+        leaves = value if isinstance(value, (list, tuple)) else [value]
+        seen.append((str(getattr(op, "value", op)).lower(), tuple(np.asarray(v).dtype.name for v in leaves)))
+        return original(self, value, op, **kwargs)
+    monkeypatch.setattr(mpidist.Engine, "allreduce", spy)
+    x = np.random.default_rng(5).uniform(-100, 100, (17, 17)).astype(np.float32)  # the same on every rank
+    grouped = run(mode, lambda t: hvd.grouped_allreduce([t], op=hvd.Average), x)
+    np.testing.assert_array_equal(grouped[0], x)
+    assert ("mean", ("float64",)) in seen, seen
+    seen.clear()
+    plain = run(mode, lambda t: hvd.allreduce(t, op=hvd.Average), x)
+    np.testing.assert_allclose(plain, x, rtol=1e-6)
+    assert ("mean", ("float32",)) in seen, seen
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -50,8 +50,8 @@ def raw_allreduce(tensors: Sequence[Any], op: int, process_set: ProcessSet, name
     wired = [wire(t) for t in tensors]
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        exact = exact_average and red == "mean" and any(a.dtype == np.float32 for a in arrays)
-        half_mean = not exact_average and red == "mean" and any(a.dtype == np.float16 for a in arrays)
+        exact = exact_average and red is ReduceOp.MEAN and any(a.dtype == np.float32 for a in arrays)
+        half_mean = not exact_average and red is ReduceOp.MEAN and any(a.dtype == np.float16 for a in arrays)
         sent = [a.astype(np.float64) if a.dtype == np.float32 else a for a in arrays] if exact else arrays
         out = joins.allreduce(engine, sent[0] if len(sent) == 1 else sent, ReduceOp.SUM if half_mean else red)
         out = [out] if len(arrays) == 1 else list(out)
