@@ -173,8 +173,7 @@ def tensorflow_classes() -> dict[type, type]:
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
             return object.__new__(cls)
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self._assemble(*self._setup(*args, **kwargs))  # the public class's _setup
+        __init__ = _PublicStrategy.__init__  # MPIStrategy.__init__, nearer in the MRO, takes built parts
 
         def _assemble(self, engine: Any, options: Any, cross_device_ops: Any, cluster_resolver: Any,
                       extra: dict[str, Any]) -> None:

@@ -138,11 +138,15 @@ class Engine:
         pipeline = self.pipeline
         if pipeline.pending is not None:  # asynchronous collectives queued go first (progress.py)
             pipeline.pending.wait_idle()
-        no_arguments = bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None
-        plain = no_arguments and (options is None or getattr(options, "empty", False) is True)
-        # the cached fast path also serves calls that only choose the implementation for device arrays
-        implementation = "auto" if plain else options.implementation \
-            if no_arguments and options is not None and getattr(options, "implementation_only", False) is True else None
+        # the cached fast path's implementation key: "auto" for a plain call (nothing set), the call's
+        # own when it sets nothing but the implementation for device arrays, None: the general path only
+        implementation = None
+        if bytes_per_pack is None and num_packs is None and algorithm is None and timeout_seconds is None:
+            if options is None or getattr(options, "empty", False) is True:
+                implementation = "auto"
+            elif getattr(options, "implementation_only", False) is True:
+                implementation = options.implementation
+        plain = implementation == "auto"
         if implementation is not None and pipeline.broken is None:  # a repeat of an earlier call: fastpath.py
             fast = pipeline.fast.lookup(op, value, implementation)
             if fast is not None:

@@ -6,7 +6,7 @@ CuPy) values from a few attributes its subclasses set: ``algorithm`` (None: the 
 ``_packing()`` (``bytes_per_pack`` or ``num_packs``), ``_implementation()`` (for device buffers,
 and who asked for it) and ``root`` (None: an allreduce; a rank: reduce to it, then broadcast).
 The public classes, one per kind (``MPIAllReduce``, ``NcclAllReduce``, ``HierarchicalCopyAllReduce``,
-``ReductionToOneDevice``), are defined once, in the top layer (mpidist/frameworks.py), where they
+``ReductionToOneDevice``), are defined once, in the top layer (mpidist/cross_device_ops.py), where they
 also take TensorFlow values; strategies that need a default build one here
 (``CrossDeviceOps()``: MPI allreduce; :func:`reduction_to_root`).
 
@@ -140,7 +140,7 @@ class CrossDeviceOps:
         """Reduce this rank's ``value`` (a nest) across the bound engine's ranks: what strategies call."""
         if self.root is not None:
             return self._through_root(op, value, options, where)
-        if options.implementation_only and not self._packing() and self.algorithm is None \
+        if self.algorithm is None and options.implementation_only and not self._packing() \
                 and host_arrays_only(value):
             # host arrays and nothing set per call: the engine's cached fast path, without building
             # per-call arguments (the implementation choice only concerns device arrays)

@@ -8,7 +8,6 @@ call these builders from their constructors, on NumPy and on TensorFlow alike; b
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, cast
 
 from mpi4py import MPI
@@ -24,8 +23,6 @@ from ..cross_device import (
 )
 from ..errors import GpuUnavailableError
 from ..topology import Topology, validate_comm
-
-_log = logging.getLogger("mpidist")
 
 
 def _resolver_comm(cluster_resolver: Any, comm: Any, where: str) -> Any:

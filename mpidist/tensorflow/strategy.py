@@ -34,7 +34,7 @@ _no_autograph = tf.autograph.experimental.do_not_convert  # library code: never 
 
 class MPIStrategy(tf.distribute.Strategy):
     """A ``tf.distribute.Strategy`` whose replicas are the ranks of an mpidist engine: the base of
-    the TensorFlow strategy classes, which build it with :meth:`start`."""
+    the TensorFlow strategy classes, which build it through :meth:`_assemble`."""
 
     def __init__(self, engine: Any, options: CommunicationOptions, device: str, scope_device: str | None = None,
                  cluster_resolver: Any = None) -> None:
