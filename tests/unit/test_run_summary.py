@@ -1,5 +1,5 @@
 """tests/run's summary: a step where every test was skipped, or none ran, reads SKIP with pytest's
-reasons, never PASS; every line ends with the step's time. The step function is taken from tests/run itself and run on stand-in
+reasons, never PASS; every line ends with the step's time and the CPU time of its processes. The step function is taken from tests/run itself and run on stand-in
 commands that print what pytest prints."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 RUN = pathlib.Path(__file__).resolve().parents[1] / "run"
+TIMES = r" \[\d+ s, CPU \d+ s\]$"
 
 
 def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str | None = None,
@@ -34,9 +35,9 @@ def summary_of(output: str, tmp_path: pathlib.Path, code: int = 0, counts: str |
     assert done.returncode == 0, done.stderr
     line, *more = done.stdout.strip().split("\n")
     if more:  # the lines of a hang report, after the step's own
-        return "\n".join([re.sub(r" \[\d+ s\]$", "", line), *more])
-    assert re.search(r" \[\d+ s\]$", line), f"no step time at the end of {line!r}"
-    return re.sub(r" \[\d+ s\]$", "", line)
+        return "\n".join([re.sub(TIMES, "", line), *more])
+    assert re.search(TIMES, line), f"no step time and CPU time at the end of {line!r}"
+    return re.sub(TIMES, "", line)
 
 
 def test_every_test_skipped_is_a_skip_with_the_reasons(tmp_path):
@@ -82,3 +83,17 @@ def test_a_hung_test_is_named_under_its_failed_step(tmp_path):
     assert summary_of("..\n", tmp_path, code=134, hang=hung) == f"FAIL  demo (exit 134)\n      {hung}"
     (tmp_path / "again").mkdir()  # a report is read only when the step failed
     assert summary_of("1 passed in 1.00s\n", tmp_path / "again", hang=hung) == "PASS  demo (1 passed)"
+
+
+def test_the_cpu_time_is_that_of_the_steps_processes(tmp_path):
+    """A step that keeps a CPU busy for about a second reports about a second of CPU time (bash's
+    ``times`` in the step's own shell: a subshell would count nothing)."""
+    script_end = "python3 -c 'import time; t = time.process_time() + 1.2\nwhile time.process_time() < t: pass'"
+    text = RUN.read_text()
+    functions = text[text.index("status=0\n"):text.index("extra=$(")]
+    (tmp_path / "tests" / ".logs").mkdir(parents=True)
+    script = f'{functions}\nextra=0\nstep demo bash -c "{script_end}" >/dev/null\nprintf "%s\\n" "${{summary[@]}}"\n'
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    cpu = int(re.search(r"CPU (\d+) s\]$", done.stdout.strip()).group(1))
+    assert 1 <= cpu <= 2, done.stdout  # 1.2 s of work, plus the interpreter's start
