@@ -8,11 +8,9 @@ is an assumption rather than a datasheet number, its source says so.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from mpidist.collectives.algorithms.cost import GB, Params, gbit, gbyte  # noqa: F401  (the presets' units)
-
+from mpidist.collectives.algorithms.cost import GB, Params, gbit, gbyte
 
 _H100_NVLINK = ("NVLink 4 on H100 SXM: 900 GB/s bidirectional per GPU = 450 GB/s per direction "
                 "(NVIDIA H100 datasheet); nccl-tests all_reduce busbw on 8 GPUs is ~360-480 GB/s")
