@@ -61,13 +61,6 @@ def _algorithm_bands(topo: Topology) -> dict[str, Any]:
             "bands": rows, "costed": shape.hierarchy_possible}
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
-
-
 def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
 
@@ -81,7 +74,7 @@ def _format_bands(algorithm: dict[str, Any]) -> list[str]:
     lines.append(f"  {'bytes':>9}  {'gets':<13} {'flat':>10} {'hierarchical':>13}")
     for n, name, flat, hier in algorithm["bands"]:
         costs = f"{_time(flat):>10} {_time(hier):>13}" if (flat or hier) else ""
-        lines.append(f"  {_size(n):>9}  {name:<13} {costs}")
+        lines.append(f"  {choice.size_text(n):>9}  {name:<13} {costs}")
     return lines
 
 

@@ -123,3 +123,12 @@ def test_settings_from_the_environment():
         Settings({"MPIDIST_NICS_PER_NODE": "0"})
     with pytest.raises(ValueError, match="`nics_per_node` must be"):
         Settings({}).nics_per_node = -1
+
+
+def test_summary_in_words():
+    assert choice.summary(choice.bands(Shape(4, 2, 2, 1))) == "flat at every size"
+    assert choice.summary(choice.bands(Shape(8, 8, 1, 1))) == "flat at every size"
+    rows = choice.bands(Shape(64, 8, 8, 1), None, False, SLOW_NET)
+    hier = [n for n, name, _, _ in rows if name == "hierarchical"]
+    assert hier and choice.summary(rows) == \
+        f"hierarchical at {choice.size_text(hier[0])} to {choice.size_text(hier[-1])}, flat otherwise"

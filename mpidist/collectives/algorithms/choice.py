@@ -40,7 +40,8 @@ from typing import Any
 
 from .cost import Params, gbit, gbyte, seconds
 
-__all__ = ["AGREEMENT_BYTES", "CALL_SECONDS", "LINKS", "Shape", "auto", "bands", "costs", "shape_of"]
+__all__ = ["AGREEMENT_BYTES", "CALL_SECONDS", "LINKS", "Shape", "auto", "bands", "costs", "shape_of", "size_text",
+           "summary"]
 
 LINKS = Params("mpidist-default", 2, 0.4e-6, gbyte(10), 1.5e-6, gbit(100), 1, 3 / (20e9), None,
                "CPU nodes: shared memory inside (10 GB/s per rank), 100 Gb/s NICs across",
@@ -108,3 +109,28 @@ def bands(shape: Shape, threshold: int | None = None, agreement: bool = True, li
         rows.append((n, auto(shape, n, threshold, agreement, links), flat, hier))
         n *= factor
     return rows
+
+
+def summary(rows: list[tuple[int, str, float, float]]) -> str:
+    """:func:`bands` rows in words: "flat at every size", "hierarchical from 1 KiB to 16 KiB, flat
+    otherwise" (sizes as sampled)."""
+    names = {name for _, name, _, _ in rows}
+    if len(names) == 1:
+        return f"{names.pop()} at every size"
+    runs: list[tuple[int, int]] = []
+    for n, name, _, _ in rows:
+        if name == "hierarchical":
+            if runs and runs[-1][1] * (rows[1][0] // rows[0][0]) == n:
+                runs[-1] = (runs[-1][0], n)
+            else:
+                runs.append((n, n))
+    spans = ", ".join(size_text(a) if a == b else f"{size_text(a)} to {size_text(b)}" for a, b in runs)
+    return f"hierarchical at {spans}, flat otherwise"
+
+
+def size_text(n: int) -> str:
+    """1024 -> '1 KiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
