@@ -247,7 +247,9 @@ class Pipeline:
     def key(where: str, op_root: tuple, structure: str, signature: tuple, alg: str, bpp: int,
             npk: int | None, deadline: bool, compression: str = "none") -> tuple:
         """What ranks must agree on (see agreement.py and :meth:`describe`)."""
-        auto_inputs = (rc.hierarchical_threshold, rc.nics_per_node) if alg.startswith("auto") else None
+        # auto's inputs besides the topology (algorithms/choice.py): a fixed threshold, or the NIC count
+        fixed = rc.hierarchical_threshold
+        auto_inputs = (fixed, rc.nics_per_node if fixed is None else None) if alg.startswith("auto") else None
         return (where, op_root, structure, signature, alg, auto_inputs, bpp, npk, deadline, compression,
                 rc.iallreduce_threshold if where == "allreduce" else None)
 

@@ -84,15 +84,19 @@ def test_explicit_algorithm_wins_and_is_recorded(comm, trace_dir):
         assert_same(results[name], expected)
 
 
-def test_a_rank_with_other_nics_per_node_is_reported_everywhere(comm, engine):
-    """nics_per_node feeds the choice, so it is agreed on: a rank that differs fails on every rank
-    (at one rank there is nobody to differ from: the call succeeds)."""
+@pytest.mark.parametrize("name,mine,others,match", [
+    ("nics_per_node", 2, 1, r"algorithm=auto\(by cost, nics_per_node=2\)"),
+    ("hierarchical_threshold", 1 << 20, None, r"algorithm=auto\(hierarchical_threshold=1048576\)"),
+])
+def test_a_rank_with_other_inputs_to_auto_is_reported_everywhere(comm, engine, name, mine, others, match):
+    """The settings auto's choice reads are agreed on: a rank that differs fails on every rank, with
+    its value in the message (at one rank there is nobody to differ from: the call succeeds)."""
     x = make(comm.rank, np.float32, (300_001,))
-    with mpidist.rc.override(nics_per_node=2 if comm.rank == 0 else 1):
+    expected = reduce_all([make(r, np.float32, (300_001,)) for r in range(comm.size)], "sum")
+    with mpidist.rc.override(**{name: mine if comm.rank == 0 else others}):
         if comm.size == 1:
-            assert_same(engine.allreduce(x, "sum"), x)
+            assert_same(engine.allreduce(x, "sum"), expected)
             return
-        with pytest.raises(CollectiveMismatchError, match="nics_per_node=2"):
+        with pytest.raises(CollectiveMismatchError, match=match):
             engine.allreduce(x, "sum")
-    assert_same(engine.allreduce(x, "sum"), reduce_all([make(r, np.float32, (300_001,)) for r in range(comm.size)],
-                                                       "sum"))
+    assert_same(engine.allreduce(x, "sum"), expected)  # the job goes on in step
