@@ -41,6 +41,20 @@ def _nonneg_int(name: str, value: Any) -> int:
     return check_nonneg_int(value, "mpidist.rc", name)
 
 
+def _positive_int(name: str, value: Any) -> int:
+    number = _nonneg_int(name, value)
+    if number < 1:
+        raise ValueError(f"mpidist.rc: `{name}` must be an integer >= 1, got {value!r}")
+    return number
+
+
+def _optional_bytes(name: str, value: Any) -> int | None:
+    """A byte count, or None (None, "" and "model" from the environment) for the cost model's choice."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "model")):
+        return None
+    return _nonneg_int(name, value)
+
+
 def _tristate(name: str, value: Any) -> str:
     text = str(value).strip().lower()
     if text == "auto":
@@ -84,9 +98,14 @@ _SPECS: dict[str, tuple[Any, Callable[[str, Any], Any], str]] = {
     "algorithm": ("auto", _choice("auto", "flat", "hierarchical"),
                   "collective algorithm: auto (by topology and size), flat (the MPI library's own), "
                   "hierarchical (inside node, across node leaders, back inside node)"),
-    "hierarchical_threshold": (1 << 20, _nonneg_int,
-                               "auto uses the hierarchical algorithm from this many bytes per buffer "
-                               "when the job spans several nodes and some node has several ranks"),
+    "hierarchical_threshold": (None, _optional_bytes,
+                               "None (MPIDIST_HIERARCHICAL_THRESHOLD=model) = auto picks flat or hierarchical per "
+                               "buffer size by the cost model (collectives/algorithms/choice.py); a byte count = "
+                               "the fixed rule: hierarchical from this many bytes per buffer when the job spans "
+                               "several nodes and some node has several ranks; must be equal on every rank"),
+    "nics_per_node": (1, _positive_int,
+                      "network interfaces each node's ranks use across nodes: auto's cost model shares a "
+                      "node's off-node traffic among them (more NICs favour flat); must be equal on every rank"),
     "iallreduce_threshold": (32 << 20, _nonneg_int,
                              "flat allreduces of at least this many bytes per buffer run as MPI_Iallreduce + "
                              "wait instead of MPI_Allreduce (2-3x faster from 32 MB at 2 ranks with Open MPI 5 "

@@ -3,7 +3,8 @@
 Run it the way the job runs (``mpirun -n 4 python -m mpidist info``, ``srun --mpi=pmix python -m
 mpidist info``): MPI library and thread level, the launcher, CUDA-aware MPI, NCCL/CuPy and
 TensorFlow availability (TensorFlow is not imported), whether ULFM is active (mpidist.elastic),
-settings, and the topology: hosts, nodes and local ranks of every rank.
+settings, which algorithm each allreduce size band gets and the predicted costs behind ``auto``'s
+choice (collectives/algorithms/choice.py), and the topology: hosts, nodes and local ranks of every rank.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from mpi4py import MPI
 
 from . import __version__
 from ._config import rc
+from .collectives.algorithms import auto_reason, choice
 from .elastic import ulfm
 from .topology import Topology, detect_launcher, mpi_library
 
@@ -48,6 +50,34 @@ def _cupy_nccl() -> dict[str, Any]:
         return {"cupy": f"error: {err}", "nccl": None, "gpus": 0}
 
 
+def _algorithm_bands(topo: Topology) -> dict[str, Any]:
+    """What allreduce ``algorithm`` each size band gets on this job, and why (predicted seconds)."""
+    shape = choice.Shape(topo.size, topo.largest_node, topo.num_nodes, rc.nics_per_node)
+    rows = choice.bands(shape, rc.hierarchical_threshold, rc.check_agreement)
+    if rc.algorithm != "auto":
+        return {"setting": rc.algorithm, "reason": f"rc.algorithm={rc.algorithm}",
+                "bands": [(n, rc.algorithm, f, h) for n, _, f, h in rows]}
+    return {"setting": "auto", "reason": auto_reason(topo), "links": choice.LINKS.description,
+            "bands": rows, "costed": shape.hierarchy_possible}
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+
+
+def _format_bands(algorithm: dict[str, Any]) -> list[str]:
+    lines = [f"algorithm     {algorithm['setting']}: {algorithm['reason']}"]
+    if algorithm["setting"] == "auto" and not algorithm.get("costed"):
+        return lines
+    if "links" in algorithm:
+        lines.append(f"              predicted with default links ({algorithm['links']})")
+    lines.append(f"  {'bytes':>9}  {'gets':<13} {'flat':>10} {'hierarchical':>13}")
+    for n, name, flat, hier in algorithm["bands"]:
+        costs = f"{_time(flat):>10} {_time(hier):>13}" if (flat or hier) else ""
+        lines.append(f"  {choice.size_text(n):>9}  {name:<13} {costs}")
+    return lines
+
+
 def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
     """Everything ``info`` prints (collective over ``comm``); complete on rank 0."""
     topo = Topology(comm)
@@ -63,7 +93,7 @@ def collect(comm: MPI.Intracomm | None = None) -> dict[str, Any]:
         "world_size": MPI.COMM_WORLD.Get_size(), "num_nodes": topo.num_nodes, "faked_nodes": topo.faked_nodes,
         "tensorflow": _version("tensorflow", "tensorflow-cpu"), "keras": _version("keras"),
         **_cupy_nccl(), "ulfm": dict(zip(("active", "detail"), ulfm.status())), "settings": rc.as_dict(),
-        "ranks": ranks,
+        "ranks": ranks, "algorithm": _algorithm_bands(topo),
     }
     topo.free()
     return report
@@ -89,6 +119,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"ULFM          {'yes' if report['ulfm']['active'] else 'no'}: {report['ulfm']['detail']} "
         f"(mpidist.elastic {'survives' if report['ulfm']['active'] else 'cannot survive'} the death of ranks)",
         "settings      " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()),
+        *_format_bands(report["algorithm"]),
         f"topology      {report['num_nodes']} node(s){faked}",
         f"  {'rank':>5} {'node':>5} {'local':>6}  {'host':<24} {'pid':>8}  CUDA_VISIBLE_DEVICES",
     ]

@@ -3,8 +3,8 @@
 Every rank computes every rank's inputs from (seed, rank), so each result is checked against NumPy
 over all of them, on every rank, with no communication in the reference: allreduce (sum, mean,
 max, min) of float32 and integer arrays and of a nest, the flat and hierarchical algorithms and
-``auto`` on a 1 MiB buffer (hierarchical on a multi-node layout, e.g. fake nodes with
-``MPIDIST_LOCAL_SIZE``), broadcast, allgather of rows that differ per rank, reduce_scatter, reduce
+``auto`` on a 1 MiB buffer (whichever the cost model picks for the layout: flat with the default
+links, collectives/algorithms/choice.py), broadcast, allgather of rows that differ per rank, reduce_scatter, reduce
 to a root, and a NumPy-mode MultiWorkerMirroredStrategy's ``reduce`` and a replica context's
 ``all_reduce``. The chief lists each check and the ranks where it failed; the exit status is 1 if
 any failed.

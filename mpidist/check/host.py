@@ -10,10 +10,13 @@ the default calls (no deadline), as programs make them.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from .._config import rc
+from ..collectives.algorithms import auto_reason, choice
 from ..elastic import ulfm
 from ..topology import detect_launcher, mpi_library
 from .context import (
@@ -122,8 +125,22 @@ def allreduce(ctx: Context) -> Outcome:
     x = np.ones(ctx.nbytes // 4, dtype=np.float32)
     seconds = median_seconds(lambda: engine.allreduce(x), ctx.repeat)
     return ok(f"{count} calls ({len(OPS)} ops x {len(DTYPES)} dtypes, flat and hierarchical on "
-              f"{engine.topology.num_nodes} node(s)), a nest and allreduce_async equal the host reference",
+              f"{engine.topology.num_nodes} node(s)), a nest and allreduce_async equal the host reference; "
+              f"{_auto_note(engine.topology)}",
               timing_line("float32 sum", ctx.nbytes, seconds, allreduce_bus_factor(size)), seconds)
+
+
+def _auto_note(topo: Any) -> str:
+    """What ``algorithm="auto"`` gives this job's buffers (1 KiB-1 GiB), and the setting it reads."""
+    if rc.algorithm != "auto":
+        return f"rc.algorithm={rc.algorithm} for every buffer"
+    if not topo.multi_node:
+        return "auto: flat (one node or one rank per node)"
+    shape = choice.Shape(topo.size, topo.largest_node, topo.num_nodes, rc.nics_per_node)
+    said = choice.summary(choice.bands(shape, rc.hierarchical_threshold, rc.check_agreement))
+    hint = "" if rc.hierarchical_threshold is not None else \
+        f"; rc.nics_per_node={rc.nics_per_node}: set MPIDIST_NICS_PER_NODE to the NICs each node uses"
+    return f"auto: {said} ({auto_reason(topo)}{hint}; python -m mpidist info shows the costs)"
 
 
 def broadcast(ctx: Context) -> Outcome:

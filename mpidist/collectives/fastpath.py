@@ -212,7 +212,7 @@ class FastPaths:
 
     def _flat(self, nbytes: int) -> bool:
         topo = self._pipeline.topology
-        return choose(rc.algorithm, topo, nbytes, rc.hierarchical_threshold) is flat
+        return choose(rc.algorithm, topo, nbytes) is flat
 
     def _array_path(self, red: Op, value: np.ndarray) -> Callable | None:
         wire, mop = rules(value.dtype, red, "allreduce", "leaf 0 of `value`")

@@ -43,7 +43,7 @@ from .._config import rc
 from ..errors import CommunicatorBrokenError, DeadlineExceededError, RanksLostError
 from ..topology import Topology
 from . import agreement, nest, packing, stall, timeline
-from .algorithms import choose
+from .algorithms import auto_reason, choose
 from .deadline import Caller
 from .fastpath import FastPaths
 from .ops import Op
@@ -58,12 +58,13 @@ class Call:
     fields (the GPU path writes ``path`` there).
     """
 
-    __slots__ = ("where", "topo", "call", "size", "algorithm_name", "threshold", "bytes_per_pack", "num_packs",
+    __slots__ = ("where", "topo", "call", "size", "algorithm_name", "chosen", "bytes_per_pack", "num_packs",
                  "iallreduce_from", "notes", "compression")
 
     def __init__(self, where: str, topo: Topology, call: Caller, options: Resolved) -> None:
         self.where, self.topo, self.call, self.size = where, topo, call, topo.size
-        self.algorithm_name, self.threshold = options.algorithm, rc.hierarchical_threshold
+        self.algorithm_name = options.algorithm
+        self.chosen: str | None = None  # the algorithm(s) the buffers got, for the timeline: "flat", ...
         self.iallreduce_from = rc.iallreduce_threshold  # flat allreduces from this size: Iallreduce + wait
         self.bytes_per_pack, self.num_packs = options.bytes_per_pack, options.num_packs
         self.notes: dict[str, Any] | None = None
@@ -73,7 +74,13 @@ class Call:
         return packing.plan(nbytes, groups, self.bytes_per_pack, self.num_packs)
 
     def algorithm(self, nbytes: int) -> ModuleType:
-        return choose(self.algorithm_name, self.topo, nbytes, self.threshold)
+        module = choose(self.algorithm_name, self.topo, nbytes)
+        name = module.NAME
+        if self.chosen is None:
+            self.chosen = name
+        elif name not in self.chosen.split("+"):
+            self.chosen += "+" + name
+        return module
 
 
 class Pipeline:
@@ -233,15 +240,17 @@ class Pipeline:
             agreed_on.finish(exchange, call, key, where, last[1] if last is not None else None)
         if marks is not None:
             self.record(rec, where, start, marks[0], marks[1], call.steps, arrays, op_root, options.algorithm,
-                        ctx.notes)
+                        ctx.notes, ctx.chosen)
         return results
 
     @staticmethod
     def key(where: str, op_root: tuple, structure: str, signature: tuple, alg: str, bpp: int,
             npk: int | None, deadline: bool, compression: str = "none") -> tuple:
         """What ranks must agree on (see agreement.py and :meth:`describe`)."""
-        return (where, op_root, structure, signature, alg,
-                rc.hierarchical_threshold if alg == "auto" else None, bpp, npk, deadline, compression,
+        # auto's inputs besides the topology (algorithms/choice.py): a fixed threshold, or the NIC count
+        fixed = rc.hierarchical_threshold
+        auto_inputs = (fixed, rc.nics_per_node if fixed is None else None) if alg.startswith("auto") else None
+        return (where, op_root, structure, signature, alg, auto_inputs, bpp, npk, deadline, compression,
                 rc.iallreduce_threshold if where == "allreduce" else None)
 
     def agreement_hash(self, key: tuple) -> int:
@@ -257,14 +266,18 @@ class Pipeline:
             return repr(key)
 
     def record(self, rec: Any, where: str, start: float, prepared: float, agreed: float | None,
-               steps: Any, arrays: list[Any], op_root: tuple, alg: str, notes: dict | None = None) -> None:
-        """Write one collective to the timeline (see timeline.py); ``notes``: extra fields."""
+               steps: Any, arrays: list[Any], op_root: tuple, alg: str, notes: dict | None = None,
+               chosen: str | None = None) -> None:
+        """Write one collective to the timeline (see timeline.py); ``notes``: extra fields; ``chosen``:
+        the algorithm(s) ``alg`` ("auto") resolved to for this call's buffers."""
         if self._track is None or self._track[0] is not rec:
             topo = self.topology
             self._track = (rec, rec.engine(f"engine {id(self) & 0xffff:04x}: {topo.size} ranks, "
                                            f"{topo.num_nodes} node(s), rank {topo.rank} here"))
         args: dict[str, Any] = {"leaves": len(arrays), "bytes": sum([a.nbytes for a in arrays]),
-                                "algorithm": alg, "transfers": len(steps.items)}
+                                "algorithm": chosen or alg, "transfers": len(steps.items)}
+        if chosen is not None and alg == "auto":
+            args["chosen_by"] = "auto: " + auto_reason(self.topology)
         op, root = op_root
         if op is not None:
             args["op"] = Op(op).name
@@ -323,7 +336,10 @@ def _describe(key: tuple) -> str:
     parts.append(f"leaves=[{', '.join(shown)}]")
     if structure not in ("*", "[" + ",".join("*" * len(leaves)) + "]"):
         parts.append(f"structure={structure[:120]}")
-    parts.append(f"algorithm={alg}" + (f"(threshold={threshold})" if threshold is not None else ""))
+    if threshold is not None:
+        fixed, nics = threshold
+        alg += f"(by cost, nics_per_node={nics})" if fixed is None else f"(hierarchical_threshold={fixed})"
+    parts.append(f"algorithm={alg}")
     parts.append(f"bytes_per_pack={bpp}" + (f", num_packs={npk}" if npk is not None else ""))
     parts.append("with a deadline" if deadline else "no deadline")
     if compression != "none":

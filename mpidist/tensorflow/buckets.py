@@ -32,7 +32,8 @@ Each element's reduction is the same as without buckets (an element-wise reducti
 same ranks), so results are equal bit for bit as long as MPI sums an element's ranks in the same
 order whatever the message size. Open MPI 5 on one machine does at 1, 2 and 4 ranks
 (tests/mpi/test_tf_overlap.py at -n 1, 2, 4 and 4 with two fake nodes, where 800 KB buckets go flat
-and one 2.4 MB pack goes hierarchical; raw ``Allreduce`` of 1 KB to 24 MB checked at -n 4), not at
+and one 2.4 MB pack goes hierarchical under ``rc.hierarchical_threshold`` = 1 MiB; raw ``Allreduce``
+of 1 KB to 24 MB checked at -n 4), not at
 3 (a few elements 1 ulp apart: its algorithm changes with the message size). An MPI
 that picks a different algorithm per message size (e.g. a ring for large messages across nodes)
 may sum in another order, and with more than 2 ranks an element can then differ in its last bit;

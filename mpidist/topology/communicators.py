@@ -77,6 +77,7 @@ class Topology:
         self.node_ranks: tuple[tuple[int, ...], ...] = tuple(
             tuple(r for r in range(self.size) if self.node_of_rank[r] == n) for n in range(self.num_nodes))
         self.node_sizes: tuple[int, ...] = tuple(len(r) for r in self.node_ranks)
+        self.largest_node: int = max(self.node_sizes)
         self.processor_name: str = MPI.Get_processor_name()
 
     @property

@@ -63,6 +63,29 @@ def test_info_prints_one_table_from_the_chief(comm, capsys):
     assert ("faked by MPIDIST_LOCAL_SIZE" in output) == bool(mpidist.rc.local_size), output
 
 
+@pytest.mark.node_layout  # what auto gives depends on the nodes
+def test_info_shows_what_each_size_gets_and_why(comm, capsys):
+    """The algorithm lines: under auto on several nodes, one row per size band with the pick and both
+    predicted costs, the pick the engine makes for that size; on one node, why there is nothing to pick."""
+    from mpidist.collectives.algorithms import auto_name
+    topo = mpidist.topology.Topology(comm)
+    try:
+        codes, output = cli(comm, capsys, "info")
+        assert codes == [0] * comm.Get_size(), output
+        rows = re.findall(r"^ +(\d+) (B|KiB|MiB|GiB) +(flat|hierarchical) +([\d.]+) (µs|ms) +([\d.]+) (µs|ms)$",
+                          output, flags=re.M)
+        if topo.multi_node:
+            assert "algorithm     auto: cost model, " in output, output
+            assert len(rows) == 11, output  # 1 KiB ... 1 GiB
+            units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+            for number, unit, name, *_ in rows:
+                assert name == auto_name(topo, int(number) * units[unit]), output
+        else:
+            assert "algorithm     auto: one node or one rank per node" in output and not rows, output
+    finally:
+        topo.free()
+
+
 def test_info_json(comm, capsys):
     codes, output = cli(comm, capsys, "info", "--json")
     assert codes == [0] * comm.Get_size(), output

@@ -21,7 +21,8 @@ parameters, 27 MB instead of 438 MB, so that 4 ranks on 2 cores stay fast) with 
 threshold divided by 16 like its size (``packing.FUSION_BYTES`` set to 4 MiB for those tests: the
 same 7 packs as the full model at 64 MiB, its embedding alone in both); 1000 tensors of 4 KB (one
 pack). Inputs are small integers, so float32 sums are exact in any order. Marked ``node_layout``:
-what a data call is depends on the algorithm (flat on one node, hierarchical on fake nodes).
+what a data call is depends on the algorithm (flat on one node; on fake nodes what ``auto``
+picks, or hierarchical when asked).
 """
 from __future__ import annotations
 

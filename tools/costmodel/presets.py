@@ -8,70 +8,9 @@ is an assumption rather than a datasheet number, its source says so.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-GB = 1e9  # bytes per second in one GB/s
-
-
-def gbit(rate: float) -> float:
-    """Seconds per byte of a link of `rate` Gb/s."""
-    return 8 / (rate * 1e9)
-
-
-def gbyte(rate: float) -> float:
-    """Seconds per byte of a link of `rate` GB/s."""
-    return 1 / (rate * GB)
-
-
-@dataclass(frozen=True)
-class Params:
-    """One cluster: ranks per node, intra-node link (per rank), inter-node link (per flow) and NICs."""
-
-    name: str
-    ranks_per_node: int
-    alpha_intra: float   # s per message between two ranks of one node
-    beta_intra: float    # s per byte on one rank's intra-node link (all ranks moving data at once)
-    alpha_inter: float   # s per message between nodes
-    beta_inter: float    # s per byte of one flow across nodes: one NIC's rate
-    nics: int = 1        # NICs per node: flows leaving a node at once share nics / beta_inter bytes/s
-    gamma: float = 0.0   # s per byte reduced (e.g. a float32 sum: read two, write one), all ranks busy
-    gamma_leader: float | None = None  # s per byte reduced when one rank per node works; None: gamma
-    description: str = ""
-    sources: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("ranks_per_node", "nics"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Params: `{name}` must be an integer >= 1, got {value!r}")
-        for name in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma", "gamma_leader"):
-            value = getattr(self, name)
-            if name == "gamma_leader" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
-                    or math.isinf(value):
-                raise ValueError(f"Params: `{name}` must be a finite number >= 0 (seconds), got {value!r}")
-
-    @property
-    def gamma_one(self) -> float:
-        """γ when only one rank per node works (the node leaders)."""
-        return self.gamma if self.gamma_leader is None else self.gamma_leader
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["sources"] = list(self.sources)
-        return out
-
-    def summary(self) -> str:
-        """One line in human units: µs, GB/s, ns/B."""
-        def bw(beta: float) -> str:
-            return "inf GB/s" if beta == 0 else f"{1 / beta / GB:.3g} GB/s"
-        return (f"{self.name}: {self.ranks_per_node} ranks/node; intra α {self.alpha_intra * 1e6:.3g} µs, "
-                f"{bw(self.beta_intra)} per rank; inter α {self.alpha_inter * 1e6:.3g} µs, "
-                f"{self.nics} × {bw(self.beta_inter)}; γ {self.gamma * 1e9:.3g} ns/B"
-                + (f" ({self.gamma_one * 1e9:.3g} with one rank per node)" if self.gamma_leader is not None else ""))
-
+from mpidist.collectives.algorithms.cost import GB, Params, gbit, gbyte
 
 _H100_NVLINK = ("NVLink 4 on H100 SXM: 900 GB/s bidirectional per GPU = 450 GB/s per direction "
                 "(NVIDIA H100 datasheet); nccl-tests all_reduce busbw on 8 GPUs is ~360-480 GB/s")

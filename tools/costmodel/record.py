@@ -14,7 +14,9 @@ built. This is the same technique as tests/mpi/test_fusion_calls.py; nothing in 
 
 Two launches, so that both algorithm choices are seen: ``one-node`` (``mpirun -n 2``: every call
 flat) and ``multi-node`` (``mpirun -n 4`` with ``MPIDIST_LOCAL_SIZE=2``: two fake nodes, so the
-automatic rule picks hierarchical from ``rc.hierarchical_threshold`` up). Rank 0 (a node leader)
+automatic rule of the time picked hierarchical from 1 MiB up; the committed recorded_calls.json is
+from then: since ``auto`` picks by the cost model, which takes flat on this layout, a new recording
+would list flat calls there). Rank 0 (a node leader)
 writes what it issued. Per MPI call the file holds: ``collective`` (``allreduce`` for data,
 ``agreement`` for the 24-byte signature exchange), ``bytes`` and ``dtype`` of the buffer,
 ``algorithm`` (``flat``: one Allreduce/Iallreduce on the job; ``hierarchical``: Reduce in the node,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+NAME = "flat"  # what the timeline and `mpidist info` call this algorithm
+
 
 def displacements(counts: np.ndarray | list[int]) -> list[int]:
     """Offsets of each rank's block (Python ints: cheaper than NumPy for a handful of ranks)."""

@@ -12,6 +12,8 @@ from mpi4py import MPI
 from .. import buffers
 from .flat import displacements
 
+NAME = "hierarchical"  # what the timeline and `mpidist info` call this algorithm
+
 
 def _root_place(topo, root: int) -> tuple[int, int]:
     node = topo.node_of_rank[root]

@@ -171,7 +171,7 @@ def _mpi(cp: Any, pipeline: Any, state: Any, leaves: list[Any], red: Op, single:
         rule = rules[dtypes[pack[0]]]
         count = sum([leaves[i].size for i in pack])
         pack_bytes = count * rule.wire.itemsize
-        if check_flat and choose(rc.algorithm, topo, pack_bytes, rc.hierarchical_threshold) is not flat:
+        if check_flat and choose(rc.algorithm, topo, pack_bytes) is not flat:
             return None
         posted = posts_allreduce(pack_bytes, threshold, False)
         mop = REDUCTIONS[rule.red]
