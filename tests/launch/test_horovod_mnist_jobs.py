@@ -23,7 +23,6 @@ from launching import JOBS
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
 FLAVORS = {"keras3": {"TF_USE_LEGACY_KERAS": "0"}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
 EXPECTED_KERAS = {"keras3": "keras._tf_keras.keras", "tf_keras": "tf_keras.api._v2.keras"}
-RANKS = (2, 4)
 
 
 def _need(flavor: str) -> None:
@@ -33,19 +32,21 @@ def _need(flavor: str) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """``reference(script, flavor, n)``: the single-process weights (one process per script and flavor)."""
-    done: dict[tuple[str, str], object] = {}
+    """``reference(script, flavor, n)``: the single-process weights for an n-rank job. One process per
+    Keras flavor computes the references of every case of CASES under that flavor (both scripts):
+    TensorFlow is imported once per flavor, and no reference is computed that no case compares."""
+    done: dict[str, object] = {}
 
     def get(script: str, flavor: str, n: int):
-        if (script, flavor) not in done:
-            out = tmp_path_factory.mktemp(f"reference-{script}-{flavor}")
-            proc = subprocess.run([sys.executable, str(JOBS / "hvd_mnist_reference.py"), script,
-                                   ",".join(map(str, RANKS)), str(out)], capture_output=True, text=True,
-                                  timeout=600, env=dict(os.environ, **FLAVORS[flavor]))
+        if flavor not in done:
+            out = tmp_path_factory.mktemp(f"reference-{flavor}")
+            wanted = sorted({f"{s}:{r}" for s, f, r in CASES if f == flavor} | {f"{script}:{n}"})
+            proc = subprocess.run([sys.executable, str(JOBS / "hvd_mnist_reference.py"), str(out), *wanted],
+                                  capture_output=True, text=True, timeout=600, env=dict(os.environ, **FLAVORS[flavor]))
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
             assert f"tf.keras: {EXPECTED_KERAS[flavor]}" in proc.stdout, proc.stdout[-2000:]
-            done[(script, flavor)] = out
-        return np.load(done[(script, flavor)] / f"ref-{n}.npz")
+            done[flavor] = out
+        return np.load(done[flavor] / f"ref-{script}-{n}.npz")
     return get
 
 

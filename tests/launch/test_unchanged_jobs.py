@@ -2,7 +2,7 @@
 written as their authors write them, with no mpidist in them): TensorFlow's Keras tutorial main.py
 reading TF_CONFIG, a library that imports horovod.tensorflow itself and trains in a v1 Session,
 hvd.elastic.run, a console command of TF 2.1-2.4 spellings under --keras 2, Keras 2 code under
-Keras 3 (the hint), horovod.run. Results equal one process (or NumPy's arithmetic) at -n 2 and -n 4;
+Keras 3 (the hint), horovod.run. Results equal one process (or NumPy's arithmetic) at -n 2 or -n 4;
 every error ends the job."""
 from __future__ import annotations
 
@@ -44,21 +44,27 @@ def tutorial_reference(mpirun) -> Path:
     return _reference["tutorial"]
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_keras_tutorial_main_reads_tf_config(mpirun, tmp_path, n):
+# One size for each of the two programs below (they ran at 2 and 4 each): what they add to tests/mpi
+# is `mpidist run` of an unchanged program (TF_CONFIG exported per rank, the user's wrong one
+# replaced; `import horovod.tensorflow` answered by mpidist in a library), which takes the same path
+# at 2 and 4 ranks on one node; the strategy and Horovod's collectives (v1 graphs and Sessions
+# included) are checked against one process at -n 1, 2 and 4 in tests/mpi (test_strategies.py,
+# test_horovod_collectives.py), the TF_CONFIG comparison at any size in tests/unit/test_launch.py.
+def test_keras_tutorial_main_reads_tf_config(mpirun, tmp_path):
+    n = 4
     expected = np.load(tutorial_reference(mpirun) / "weights.0.npy")
-    # at -n 2 the user also left a TF_CONFIG of their own, for 3 workers: replaced, with a warning
+    # the user also left a TF_CONFIG of their own, for 3 workers: replaced, with a warning
     wrong = {"cluster": {"worker": ["a:1", "b:1", "c:1"]}, "task": {"type": "worker", "index": 0}}
-    env = {"TF_CONFIG": json.dumps(wrong)} if n == 2 else {}
-    job = run(mpirun, n, str(UNCHANGED / "main.py"), str(tmp_path), str(GLOBAL_BATCH // n), env=env)
+    job = run(mpirun, n, str(UNCHANGED / "main.py"), str(tmp_path), str(GLOBAL_BATCH // n),
+              env={"TF_CONFIG": json.dumps(wrong)})
     facts = dict(re.findall(rf"task (\d+) of {n}: (\{{.*\}})", job.output))
     assert sorted(facts) == [str(r) for r in range(n)], job.output[-4000:]
     for line in facts.values():
         fact = json.loads(line)
         assert (fact["replicas"], fact["isinstance"], fact["strategy"]) == (n, True, "mpidist.on_tensorflow")
-    if n == 2:
-        assert ("the TF_CONFIG that was set disagrees with MPI (it lists 3 chief/worker task(s), MPI has 2 rank(s); "
-                "rank 1 is task worker:0 there (replica 0), not replica 1)") in job.output, job.output[-4000:]
+    assert ("the TF_CONFIG that was set disagrees with MPI (it lists 3 chief/worker task(s), MPI has 4 rank(s); "
+            + "; ".join(f"rank {r} is task worker:0 there (replica 0), not replica {r}" for r in (1, 2, 3))
+            + ")") in job.output, job.output[-4000:]
     assert f"mpidist run: {UNCHANGED / 'main.py'}: {n} rank(s) on 1 node(s)" in job.output
     weights = [np.load(tmp_path / f"weights.{r}.npy") for r in range(n)]
     for r in range(1, n):
@@ -73,8 +79,8 @@ def least_squares(x, y, w, steps, learning_rate):
     return w
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_library_that_imports_horovod_itself_in_a_v1_session(mpirun, tmp_path, n):
+def test_library_that_imports_horovod_itself_in_a_v1_session(mpirun, tmp_path):
+    n = 2  # one size: see above test_keras_tutorial_main_reads_tf_config
     run(mpirun, n, str(UNCHANGED / "run_sim.py"), str(tmp_path))
     rng = np.random.default_rng(7)
     x = rng.normal(size=(48, 5)).astype(np.float32)

@@ -1,12 +1,13 @@
 """The single-process reference of the Horovod-style MNIST jobs: what one process computes on the
 global batch of an N-rank job, with plain TensorFlow/Keras (no mpidist, no Horovod API).
 
-    python hvd_mnist_reference.py keras|tf2 N[,N...] OUT_DIR      (writes OUT_DIR/ref-N.npz)
+    python hvd_mnist_reference.py OUT_DIR keras|tf2:N [keras|tf2:N ...]   (writes OUT_DIR/ref-SCRIPT-N.npz)
 
 ``keras``: hvd_keras_mnist.py's fit, the learning rate set before every batch as Horovod's
 LearningRateWarmupCallback does for N ranks (from lr/N to lr over the warmup epochs, then lr);
 ``tf2``: hvd_tf2_mnist.py's loop. Global batch = N x the jobs' per-rank batch, lr = 0.001 x N, the
-jobs' number of steps for N ranks.
+jobs' number of steps for N ranks. One process computes every reference asked of it (both scripts'
+under one Keras: each run builds its model from the same seed), so it imports TensorFlow once.
 """
 import os
 import sys
@@ -68,8 +69,8 @@ def tf2_loop(size):
 
 
 if __name__ == "__main__":
-    which, sizes, out_dir = sys.argv[1], [int(n) for n in sys.argv[2].split(",")], sys.argv[3]
+    out_dir = sys.argv[1]
     print(f"tf.keras: {tf.keras.__name__}", flush=True)  # the launch test checks which Keras ran
-    for size in sizes:
-        weights = keras_fit(size) if which == "keras" else tf2_loop(size)
-        np.savez(os.path.join(out_dir, f"ref-{size}.npz"), *weights)
+    for which, size in (arg.split(":") for arg in sys.argv[2:]):
+        weights = {"keras": keras_fit, "tf2": tf2_loop}[which](int(size))
+        np.savez(os.path.join(out_dir, f"ref-{which}-{size}.npz"), *weights)
