@@ -86,6 +86,20 @@ def _grads(rank, step, w):
     return x, y, 2 * x.T @ (x @ w - y) / len(x)
 
 
+def test_without_the_agreement_check_join_exchanges_its_word_before_every_collective():
+    """No agreement exchange to stand by in (``rc.check_agreement`` off): the control word goes
+    before every Horovod collective (joins.py), with the same results."""
+    import mpidist
+    n, me = hvd.size(), hvd.rank()
+    xs = [data(r, (3,), seed=3) for r in range(n)]
+    with mpidist.rc.override(check_agreement=False):
+        for step in range(n - 1 - me):  # rank r reduces n-1-r times, so rank 0 joins last
+            got = hvd.allreduce(tf.constant(xs[me]), op=hvd.Sum).numpy()
+            np.testing.assert_allclose(got, np.sum([xs[r] for r in range(n) if n - 1 - r > step], axis=0))
+        assert int(hvd.join()) == 0
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [n])
+
+
 def test_uneven_training_loop_equals_reference():
     """Horovod's pattern: every rank trains on its own number of batches, then joins."""
     n, me = hvd.size(), hvd.rank()
