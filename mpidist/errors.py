@@ -67,6 +67,17 @@ class CollectiveMismatchError(MpidistError, ValueError):
     _tf_error = "InvalidArgumentError"
 
 
+class StandingByError(CollectiveMismatchError):
+    """Raised on the ranks of a collective that some other ranks did not issue because they stand by
+    (``Engine.stand_by``: Horovod's ``hvd.join``), after the communicator is left clean (no data
+    step outstanding, nothing returned). The layer that made the standing ranks stand by serves them
+    and runs the collective again (horovod/tensorflow/joins.py); anywhere else it is the mismatch it
+    looks like. ``where``: the collective; ``ranks``: the ranks that stand by."""
+
+    where: str = ""
+    ranks: list = []
+
+
 class DeadlineExceededError(MpidistError, TimeoutError):
     """A collective did not finish within its ``timeout_seconds``.
 

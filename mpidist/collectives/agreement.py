@@ -53,6 +53,21 @@ its collective reached an exchange (then the error is already on every rank) or 
 report the failure). Every path that posts an exchange must count it (:meth:`Agreement.post` and
 :meth:`Agreement.bind` do): an uncounted one would make an error raised after its data moved look
 like a failure before it, and the extra failed exchange would put the ranks one collective apart.
+
+**Standing by** (:meth:`Agreement.stand_by`, ``Engine.stand_by``: Horovod's ``hvd.join``). A rank
+that has nothing more to reduce takes part in the others' next exchange with the reserved signature
+:data:`STANDING` (-2, below every other) and neutral values in the other fields,
+``[STANDING, int64 max, 0]``: the exchange then tells every rank at once that some rank stands by
+(the minimum is STANDING), whether every rank does (the second field is still int64 max), the
+highest active signature, and whether an active rank speculated. While no rank stands by, nothing
+changes: the exchange is the one every collective makes anyway, so standing by costs the others no
+MPI call. When some rank stands by and some do not, every rank clears ``last``, the ranks that did
+not speculate drain (the standing ranks know ``last``'s recipe like everyone), and all exchange
+descriptions (the standing ranks a :class:`Standing`): a failure or a mismatch among the active
+ranks raises on every rank as above; else the active ranks raise :class:`StandingByError` from
+their collective (results dropped, nothing outstanding) and ``stand_by`` returns False on the
+standing ranks, so the layer above serves them (the active ranks run the collective again). When
+every rank stands by, ``stand_by`` returns True on every rank.
 """
 from __future__ import annotations
 
@@ -62,11 +77,13 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatchError, failure_types, peer_failure
+from ..errors import CollectiveMismatchError, StandingByError, failure_types, peer_failure
 from . import deadline
 
 _MASK = (1 << 62) - 1
 FAILED = -1  # the reserved signature of a rank whose call failed before its exchange (hashes are >= 0)
+STANDING = -2  # the reserved signature of a rank standing by (Agreement.stand_by; below FAILED)
+_NEUTRAL = int(np.iinfo(np.int64).max)  # a standing rank's value in the fields it must not change
 
 Recipe = tuple  # ((wire dtype, count, MPI op, non-blocking), ...): the flat allreduces of one collective
 
@@ -111,6 +128,18 @@ class Failed:
         return f"failed before the collective: {self.types[0][1] if self.types else 'Exception'}: {self.message}"
 
 
+class Standing:
+    """What a standing rank sends in the description exchange."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple:
+        return (Standing, ())
+
+    def __str__(self) -> str:
+        return "stands by (Engine.stand_by: a rank that has joined, hvd.join)"
+
+
 class Agreement:
     """The agreement state of one communicator (one per pipeline); see the module docstring."""
 
@@ -142,9 +171,9 @@ class Agreement:
             exchange.request.Wait()
         else:
             call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
-        _, neg_high, neg_spec = exchange.recv.tolist()
+        low, neg_high, neg_spec = exchange.recv.tolist()
         last, self.last = self.last, None
-        if neg_high == -FAILED:  # the hashes' maximum is FAILED: every rank failed, each raises its own
+        if neg_high == -FAILED and low == FAILED:  # every rank failed (none stands by): each raises its own
             raise error
         if neg_spec < 0:  # ranks that speculated ran the data calls of ``last``: match them
             drain(self.comm, last[1] if last is not None else None, where)
@@ -176,7 +205,26 @@ class Agreement:
         if neg_spec < 0 and not speculated:
             # ranks that speculated ran the data calls of ``last`` (the same on every rank): match them
             drain(self.comm, last[1] if last is not None else None, where)
-        report(self.comm, key, self.describe, where)
+        report(self.comm, key, self.describe, where, standing=low == STANDING)
+
+    def stand_by(self, call: Any, where: str) -> bool:
+        """Take part in the other ranks' next exchange as a rank standing by (see the module
+        docstring): True when every rank stands by; False when the active ranks agree on their
+        collective (they raise :class:`StandingByError` from it); a failure or mismatch among them
+        raises here too."""
+        exchange = self.post(STANDING, False)
+        if call is None:
+            exchange.request.Wait()
+        else:
+            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        _, neg_high, neg_spec = exchange.recv.tolist()
+        last, self.last = self.last, None
+        if neg_high == _NEUTRAL:  # every rank stands by
+            return True
+        if neg_spec < 0:  # the active ranks speculated: run their data calls (with zeros; their results are dropped)
+            drain(self.comm, last[1] if last is not None else None, where)
+        report(self.comm, None, self.describe, where, standing=True)
+        return False
 
     def check(self, h: int, call: Any, key: tuple, where: str,
               recipe: Recipe | Callable[[], Recipe | None] | None) -> None:
@@ -242,19 +290,31 @@ def drain(comm: MPI.Intracomm, recipe: Recipe | None, where: str) -> None:
 
 
 def report(comm: MPI.Intracomm, key: tuple | None, describe: Callable[[tuple], str], where: str,
-           error: BaseException | None = None) -> None:
+           error: BaseException | None = None, *, standing: bool = False) -> None:
     """All ranks saw different hashes: exchange descriptions (a failing rank: its ``error``, as a
-    :class:`Failed`) and raise, on every rank: ``error`` where given; else, when some rank failed,
-    ``CollectiveFailedError`` naming it; else the mismatch."""
+    :class:`Failed`; a standing rank, ``key`` None: a :class:`Standing`) and raise, on every rank:
+    ``error`` where given; else, when some rank failed, ``CollectiveFailedError`` naming it; else,
+    when the ranks that do not stand by issued one collective, nothing on the standing ranks and
+    :class:`StandingByError` on the others; else the mismatch. ``standing``: the exchange said that
+    some rank stands by (without it, every description must be of a collective)."""
     if error is not None:
         comm.allgather(Failed(error))
         raise error
-    if key is None:
+    if key is None and not standing:
         raise TypeError("report: give the collective's `key` or this rank's `error`")
-    descriptions = comm.allgather(describe(key))
+    descriptions = comm.allgather(Standing() if key is None else describe(key))
     failures = [(rank, d.types, d.message) for rank, d in enumerate(descriptions) if isinstance(d, Failed)]
     if failures:
         raise peer_failure(where, failures)
+    waiting = [rank for rank, d in enumerate(descriptions) if isinstance(d, Standing)]
+    if standing and len({str(d) for d in descriptions if not isinstance(d, Standing)}) == 1:
+        if key is None:
+            return
+        error = StandingByError(f"{where}: {_ranks(waiting)} stood by (Engine.stand_by: joined, hvd.join) and "
+                                f"did not issue this collective; the layer that made them stand by serves them "
+                                f"and runs it again")
+        error.where, error.ranks = where, waiting
+        raise error
     raise CollectiveMismatchError(mismatch_message(where, descriptions))
 
 
@@ -268,7 +328,8 @@ def _triple(h: int, speculated: bool) -> np.ndarray:
     if triple is None:
         if len(cache) > 4096:
             cache.clear()
-        triple = cache[h] = np.array([h, -h, -int(speculated)], dtype=np.int64)
+        fields = [STANDING, _NEUTRAL, 0] if h == STANDING else [h, -h, -int(speculated)]
+        triple = cache[h] = np.array(fields, dtype=np.int64)
         triple.flags.writeable = False
     return triple
 
@@ -277,7 +338,8 @@ def mismatch_message(where: str, descriptions: list[Any]) -> str:
     groups: dict[str, list[int]] = {}
     for rank, text in enumerate(descriptions):
         groups.setdefault(str(text), []).append(rank)
-    lines = [f"{where}: ranks issued different collectives (each rank must issue the same collectives "
+    joined = " while a rank had joined (stood by)" if any(isinstance(d, Standing) for d in descriptions) else ""
+    lines = [f"{where}: ranks issued different collectives{joined} (each rank must issue the same collectives "
              f"in the same order with the same op, root, dtypes, shapes and structure):"]
     for text, ranks in groups.items():
         lines.append(f"  {_ranks(ranks)}: {text}")

@@ -260,6 +260,36 @@ class Engine:
                 pipeline.raise_if_lost(where, exc)
                 raise
 
+    @property
+    def stands_by(self) -> bool:
+        """Whether :meth:`stand_by` can be used: the agreement exchange carries it
+        (``rc.check_agreement``) and there are other ranks."""
+        return bool(rc.check_agreement) and self.size > 1
+
+    def stand_by(self) -> bool:
+        """Wait, as a rank with nothing to contribute, for the other ranks' next collective (or
+        for every rank to stand by). This rank takes part in that collective's agreement exchange
+        with a reserved signature (agreement.py, "Standing by"), so the other ranks pay nothing
+        while no rank stands by. Returns True when every rank stands by. Returns False when the
+        other ranks issued one collective: they raise :class:`~mpidist.errors.StandingByError` from
+        it (results dropped, nothing left outstanding), and the caller serves them from here on in
+        step (Horovod's ``hvd.join``: joins.py). A failure or a mismatch among the other ranks
+        raises here and there. Needs :attr:`stands_by`; deadline: ``rc.timeout_seconds``."""
+        where = "stand_by"
+        pipeline = self.pipeline
+        progress.wait_idle(pipeline)
+        pipeline.check_usable(where)
+        if not self.stands_by:
+            raise RuntimeError(f"Engine.stand_by: needs rc.check_agreement and more than one rank "
+                               f"(check Engine.stands_by first), got check_agreement={rc.check_agreement!r}, "
+                               f"size={self.size}")
+        with pipeline.watched(where):
+            try:
+                return pipeline.agreement.stand_by(pipeline.caller(where, Resolved.defaults().timeout), where)
+            except MPI.Exception as exc:  # a rank died (ULFM): RanksLostError
+                pipeline.raise_if_lost(where, exc)
+                raise
+
     def fail(self, where: str, error: BaseException) -> NoReturn:
         """Report that this rank's call of collective ``where`` failed with ``error`` before it
         reached the engine (collective: call it where the collective would have been called).

@@ -27,7 +27,7 @@ from ..cross_device import (
 from ..input import api as input_api
 from ..values import PerReplica, ValueContext
 from . import context
-from .reductions import gather_along_axis, map_local, reduce_along_axis
+from .reductions import gather_along_axis, map_local, map_local_call, reduce_along_axis
 
 
 class StrategyExtended:
@@ -146,7 +146,8 @@ class StrategyExtended:
         """Run ``fn(var, *args, **kwargs)`` in the cross-replica context (mirrored: on every rank)."""
         context.push(self._container, None)
         try:
-            return fn(var, *map_local(tuple(args)), **map_local(kwargs or {}))
+            args, kwargs = map_local_call(args, kwargs)
+            return fn(var, *args, **kwargs)
         finally:
             context.pop()
 
@@ -231,7 +232,8 @@ class Strategy:
             raise TypeError(f"{type(self).__name__}.run: `fn` must be callable, got {type(fn).__name__}")
         context.push(self, context.ReplicaContext(self, self._extended.rank))
         try:
-            return fn(*map_local(tuple(args)), **map_local(kwargs or {}))
+            args, kwargs = map_local_call(args, kwargs)
+            return fn(*args, **kwargs)
         finally:
             context.pop()
 

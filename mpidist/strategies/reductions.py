@@ -38,6 +38,13 @@ def map_local(value: Any) -> Any:
     return nest.unflatten(tree, [local(leaf) for leaf in leaves])
 
 
+def map_local_call(args: Any, kwargs: dict | None) -> tuple[tuple, dict]:
+    """A call's positional and keyword arguments through :func:`map_local` one by one, so that an
+    argument that is a flat nest of host arrays (``strategy.run(fn, args=(grads,))``) stays as it
+    is, with no walk per leaf (the argument tuple around it would make it a nest of nests)."""
+    return tuple(map(map_local, args)), ({k: map_local(v) for k, v in kwargs.items()} if kwargs else {})
+
+
 def _axis(value: Any, ndim: int, where: str) -> int:
     if not is_integer(value):
         raise TypeError(f"{where}: `axis` must be an int or None, got {value!r}")

@@ -126,9 +126,10 @@ def bound(shapes, threshold) -> int:
     return math.ceil(sum(4 * math.prod(s) for s in shapes) / threshold) + 1
 
 
-def run_steps(name, step, comm, blocking_limit=1):
-    """``step()`` STEPS times; every step within the bound (data calls; blocking agreements in a
-    repeated step up to ``blocking_limit``), its results the reference."""
+def run_steps(name, step, comm):
+    """``step()`` STEPS times; every step within the bound (data calls; at most one blocking
+    agreement in a repeated step), its results the reference; the steps' (data calls, blocking
+    agreements)."""
     shapes, threshold = SETS[name]
     assert packing.FUSION_BYTES == threshold
     ref = expected(name, comm.Get_size())
@@ -146,7 +147,7 @@ def run_steps(name, step, comm, blocking_limit=1):
     blocking = comm.allreduce(max(b for _, b in seen[1:]), op=MPI.MAX)
     first = comm.allreduce(seen[0][1], op=MPI.MAX)
     assert worst <= limit, f"{name}: {worst} data calls in a step, bound {limit} ({seen})"
-    assert blocking <= blocking_limit, f"{name}: {blocking} blocking agreements in a repeated step ({seen})"
+    assert blocking <= 1, f"{name}: {blocking} blocking agreements in a repeated step ({seen})"
     assert first <= seen[0][0], f"{name}: the first step agrees at most once per data call ({seen})"
     assert min(d for d, _ in seen) >= 1
     return seen
@@ -237,10 +238,10 @@ def hvd(comm):
 
 def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
     """``DistributedGradientTape(tape, op=Sum).gradient``: the gradients of sum(v * g) are g, in one
-    grouped call. Known gap (issue 33, left open): before each collective, Horovod's join protocol
-    (horovod/tensorflow/joins.py, ``admit``) exchanges one word through the engine, a second engine
-    call of another signature, so at N > 1 a step is one call more (within the bound's + 1) and
-    neither call speculates: two blocking agreements per step, not one."""
+    grouped call, with Horovod's join support (horovod/tensorflow/joins.py): a rank that has joined
+    would stand by in the agreement exchange the call makes anyway, so no word is exchanged while
+    every rank is active (before, one more engine call per collective, and two blocking agreements
+    per step: neither call could speculate)."""
     import tensorflow as tf
     shapes = SETS[gradient_set][0]
     consts = [tf.constant(g) for g in inputs(shapes, comm.Get_rank())]
@@ -250,7 +251,9 @@ def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_sum(v * c) for v, c in zip(variables, consts)])
         return hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, variables)
-    run_steps(gradient_set, step, comm, blocking_limit=2 if comm.Get_size() > 1 else 1)
+    seen = run_steps(gradient_set, step, comm)
+    packs = len(packing.plan([4 * math.prod(s) for s in shapes], [0] * len(shapes), 0, None))
+    assert [d for d, _ in seen] == [packs] * STEPS, f"{gradient_set}: one data call per pack ({packs}), no more"
 
 
 def test_an_explicit_pack_size_overrides_fusion(np_strategy, comm):

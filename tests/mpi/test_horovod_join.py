@@ -44,6 +44,33 @@ def test_joined_rank_contributes_the_identity(mode):
     assert everyone[0] == (0 if n == 1 else n - 2)  # the highest of the ranks that joined last
 
 
+@pytest.mark.parametrize("op", ["Min", "Sum", "Average"])
+def test_a_rank_joining_during_repeated_calls_leaves_their_results_exact(op):
+    """Repeated calls speculate their agreement (the data moves before the check); a rank that joins
+    then stands by in that check, matches the speculated data step (with zeros: its result, wrong
+    for Min, is dropped) and the call runs again with the op's identity from the joined rank. While
+    every rank is active, join support exchanges nothing (tests/mpi/test_fusion_calls.py counts)."""
+    n, me = hvd.size(), hvd.rank()
+    hop = getattr(hvd, op)
+    xs = [data(r, (5, 3), seed=2) + 10 for r in range(n)]  # all positive: a drained zero would show in Min
+    x = tf.constant(xs[me])
+    joiner = n - 1
+    active = [r for r in range(n) if r != joiner] or [0]
+    fold = {"Min": np.min, "Sum": np.sum, "Average": np.sum}[op]
+    for step in range(4):  # steps 0-1 everyone (the repeat speculates), then the joiner stands by
+        if me == joiner and step == 2 and n > 1:
+            last = int(hvd.join())
+            break
+        got = hvd.allreduce(x, op=hop).numpy()
+        ranks = list(range(n)) if step < 2 or n == 1 else active
+        want = fold([xs[r] for r in ranks], axis=0) / (n if op == "Average" else 1)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:
+        last = int(hvd.join())
+    assert last == (0 if n == 1 else n - 2)
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [n])  # all active again
+
+
 def test_join_returns_the_last_rank_that_joined():
     n, me = hvd.size(), hvd.rank()
     for _ in range(n - 1 - me):  # rank r reduces n-1-r times first, so rank 0 joins last
@@ -57,6 +84,20 @@ def _grads(rank, step, w):
     x = rng.standard_normal((4, 3)).astype(np.float32)
     y = rng.standard_normal((4, 1)).astype(np.float32)
     return x, y, 2 * x.T @ (x @ w - y) / len(x)
+
+
+def test_without_the_agreement_check_join_exchanges_its_word_before_every_collective():
+    """No agreement exchange to stand by in (``rc.check_agreement`` off): the control word goes
+    before every Horovod collective (joins.py), with the same results."""
+    import mpidist
+    n, me = hvd.size(), hvd.rank()
+    xs = [data(r, (3,), seed=3) for r in range(n)]
+    with mpidist.rc.override(check_agreement=False):
+        for step in range(n - 1 - me):  # rank r reduces n-1-r times, so rank 0 joins last
+            got = hvd.allreduce(tf.constant(xs[me]), op=hvd.Sum).numpy()
+            np.testing.assert_allclose(got, np.sum([xs[r] for r in range(n) if n - 1 - r > step], axis=0))
+        assert int(hvd.join()) == 0
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy(), [n])
 
 
 def test_uneven_training_loop_equals_reference():

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpidist.collectives.agreement import FAILED, Agreement, Failed
-from mpidist.errors import CollectiveFailedError, CollectiveMismatchError
+from mpidist.collectives.agreement import FAILED, STANDING, Agreement, Failed, Standing
+from mpidist.errors import CollectiveFailedError, CollectiveMismatchError, StandingByError
 
 
 class _Done:
@@ -190,3 +190,95 @@ def test_the_fast_path_counts_its_exchanges():
     run(None)
     run(None)
     assert agreed.exchanges == 2
+
+
+# -- a rank standing by (Agreement.stand_by: Horovod's hvd.join) --------------------------------------
+
+STANDS = [STANDING, int(np.iinfo(np.int64).max), 0]  # a standing rank's exchange: neutral but for its flag
+
+
+class _Many(ScriptedComm):
+    """The description exchange answers with this rank's then ``gathered`` (the other ranks')."""
+
+    def __init__(self, *gathered) -> None:
+        super().__init__()
+        self.gathered = list(gathered)
+
+    def allgather(self, mine):
+        self.calls.append(("allgather", mine))
+        return [mine, *self.gathered]
+
+
+def make_many(*gathered, last=None):
+    comm = _Many(*gathered)
+    agreed = Agreement(comm, describe=lambda key: f"described {key}")  # type: ignore[arg-type]
+    agreed.last = last
+    return comm, agreed
+
+
+def test_while_nobody_stands_by_a_speculated_repeat_exchanges_nothing_more():
+    comm, agreed = make(last=(7, RECIPE))
+    comm.others = [triple(7, True), triple(7, True)]
+    assert agreed.bind(7, ("k",), "allreduce", RECIPE, lambda x: "result")(None) == "result"
+    assert comm.calls == [("exchange",)]
+
+
+def test_a_speculating_rank_meeting_a_standing_rank_drops_its_result_and_raises_standing_by():
+    comm, agreed = make_many(Standing(), last=(7, RECIPE))
+    comm.others = [STANDS]
+    ran = []
+    with pytest.raises(StandingByError, match="rank 1 stood by") as info:
+        agreed.bind(7, ("k",), "allreduce", RECIPE, lambda x: ran.append("data") or "result")(None)
+    assert ran == ["data"] and info.value.ranks == [1] and info.value.where == "allreduce"
+    assert [c[0] for c in comm.calls] == ["exchange", "allgather"]  # its data ran: no drain here
+    assert agreed.last is None  # the same outcome as on the standing rank: nobody speculates next
+
+
+def test_an_active_rank_that_did_not_speculate_raises_standing_by_before_its_data():
+    comm, agreed = make_many(Standing(), "described ('k',)", last=None)
+    comm.others = [STANDS, triple(7, False)]
+    with pytest.raises(StandingByError):
+        agreed.check(7, None, ("k",), "allreduce", RECIPE)
+    assert [c[0] for c in comm.calls] == ["exchange", "allgather"] and agreed.last is None
+
+
+def test_a_standing_rank_drains_what_the_active_ranks_speculated_and_serves_them():
+    comm, agreed = make_many("described ('k',)", last=(7, RECIPE))
+    comm.others = [triple(7, True)]
+    assert agreed.stand_by(None, "stand_by") is False
+    assert comm.calls[:3] == [("exchange",), ("Allreduce", np.dtype(np.float32), 1000, MPI.SUM),
+                              ("Iallreduce", np.dtype(np.float64), 10, MPI.SUM)]
+    assert isinstance(comm.calls[3][1], Standing) and len(comm.calls) == 4
+    assert agreed.last is None and agreed.exchanges == 1
+
+
+def test_when_every_rank_stands_by_each_returns_true_at_once():
+    comm, agreed = make(last=(7, RECIPE))
+    comm.others = [STANDS, STANDS]
+    assert agreed.stand_by(None, "stand_by") is True
+    assert comm.calls == [("exchange",)] and agreed.last is None
+
+
+def test_active_ranks_that_disagree_while_a_rank_stands_by_fail_on_every_rank():
+    comm, agreed = make_many("allreduce ...", "allgather ...")
+    comm.others = [triple(7, False), triple(9, False)]
+    with pytest.raises(CollectiveMismatchError, match="while a rank had joined") as info:
+        agreed.stand_by(None, "stand_by")
+    assert not isinstance(info.value, StandingByError)
+    comm, agreed = make_many(Standing(), "allgather ...")
+    comm.others = [STANDS, triple(9, False)]
+    with pytest.raises(CollectiveMismatchError, match="while a rank had joined") as info:
+        agreed.check(7, None, ("k",), "allreduce", None)
+    assert not isinstance(info.value, StandingByError)
+
+
+def test_a_failing_rank_beside_a_standing_one_reports_so_that_the_standing_rank_raises_too():
+    comm, agreed = make_many(Standing(), last=(7, RECIPE))
+    comm.others = [STANDS]  # the hashes' maximum is FAILED, but a rank stands by: no shortcut
+    with pytest.raises(KeyError):
+        agreed.fail(None, "broadcast", KeyError("root"))
+    assert [c[0] for c in comm.calls] == ["exchange", "allgather"] and isinstance(comm.calls[1][1], Failed)
+    comm, agreed = make_many(Failed(KeyError("root")))
+    comm.others = [triple(FAILED, False)]
+    with pytest.raises(CollectiveFailedError, match="rank 1 failed"):
+        agreed.stand_by(None, "stand_by")

@@ -1,14 +1,23 @@
 """Horovod's ``join``: ranks that ran out of data stop while the others keep reducing.
 
-Every engine call of the Horovod layer passes through this module. Before it, the ranks exchange
-one 16-byte control word (an engine allreduce of four int32 with MIN, so the stall report, the
-agreement check and deadlines cover it like any collective):
+Every engine call of the Horovod layer passes through this module. A rank that has joined waits
+in ``Engine.stand_by``: it takes part in the agreement exchange of the active ranks' next
+collective with a reserved signature (collectives/agreement.py, "Standing by"), the exchange that
+every collective makes anyway. So while every rank is active (the usual case) join support costs
+nothing: no MPI call, and a repeated step still speculates its agreement. When the exchange shows
+a rank standing by, the active ranks' engine call raises ``StandingByError`` (nothing returned,
+nothing outstanding) and every rank takes the protocol below, then the active ranks run their
+collective again. The protocol starts with a 16-byte control word (an engine allreduce of four
+int32 with MIN, so the stall report, the agreement check and deadlines cover it like any
+collective):
 
     [0 if active else 1,  1 if active else 0,  rank if active else size,  -(rank + 1) if just joined else 0]
 
-- Every rank active (the usual case): the collective runs as it is. This exchange is the whole
-  cost of join support: one small allreduce per Horovod collective (see tools/horovod_bench.py;
-  none on a set of one rank).
+Without ``rc.check_agreement`` there is no exchange to carry a standing rank, and the ranks
+exchange this word before every Horovod collective instead (the cost of join support before
+issue 33: one small allreduce per collective; none on a set of one rank).
+
+- Every rank active: the collective runs as it is.
 - Some ranks joined, some active: the lowest active rank broadcasts what the collective is (kind,
   op, dtypes, shapes), and one more small allreduce checks that every active rank issued that.
   For an allreduce the joined ranks, looping inside ``join()``, take part with
@@ -18,7 +27,8 @@ agreement check and deadlines cover it like any collective):
   reducescatter, barrier, objects) is refused with CollectiveMismatchError on every rank, the
   joined ones raising from ``join()``, as Horovod refuses them ("not supported with Join").
 - No rank active: every rank has joined; ``join()`` returns on every rank the last rank that
-  joined (the highest of those that joined in that last exchange).
+  joined (the highest of those that joined in that last exchange: with stand-by, one more small
+  allreduce after it).
 """
 from __future__ import annotations
 
@@ -29,7 +39,7 @@ import numpy as np
 
 from ...collectives import Engine
 from ...collectives.ops import ReduceOp
-from ...errors import CollectiveMismatchError
+from ...errors import CollectiveMismatchError, StandingByError
 
 ALLREDUCE = "allreduce"
 
@@ -122,7 +132,9 @@ def _stand_in(structure: Any, op: Any) -> Any:
 
 
 def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
-    """Before a collective of this (active) rank: serve or refuse the ranks that have joined."""
+    """Before a collective of this (active) rank, where the engine cannot carry standing ranks
+    (not ``engine.stands_by``), or after its engine call found some (``StandingByError``): serve or
+    refuse the ranks that have joined."""
     if engine.size == 1:
         return  # no other rank can have joined
     word = _exchange(engine, False, False)
@@ -137,8 +149,7 @@ def admit(engine: Engine, kind: str, value: Any = None, op: Any = None) -> None:
 
 def allreduce(engine: Engine, value: Any, op: Any) -> Any:
     """``engine.allreduce(value, op)``; ranks that have joined contribute the op's identity."""
-    admit(engine, ALLREDUCE, value, op)
-    return _reduce(engine, value, op)
+    return collective(engine, ALLREDUCE, lambda: _reduce(engine, value, op), value, op)
 
 
 def _reduce(engine: Engine, value: Any, op: Any) -> Any:
@@ -167,10 +178,18 @@ def _product_in_rank_order(engine: Engine, value: Any) -> Any:
     return type(value)(out) if isinstance(value, (list, tuple)) else out[0]
 
 
-def collective(engine: Engine, kind: str, call: Callable[[], Any]) -> Any:
-    """``call()``: any other engine collective(s), refused on every rank while a rank has joined."""
-    admit(engine, kind)
-    return call()
+def collective(engine: Engine, kind: str, call: Callable[[], Any], value: Any = None, op: Any = None) -> Any:
+    """``call()``: the engine collective(s) of one Horovod collective of ``kind`` (an allreduce's
+    ``value`` and ``op``); while a rank has joined, an allreduce is served (the joined ranks
+    contribute the op's identity) and anything else refused on every rank."""
+    if not engine.stands_by:
+        admit(engine, kind, value, op)
+        return call()
+    try:
+        return call()
+    except StandingByError:  # its first engine call met a rank standing by: nothing ran
+        admit(engine, kind, value, op)  # refuses anything but an allreduce, on every rank
+        return call()
 
 
 def join(engine: Engine) -> int:
@@ -179,6 +198,9 @@ def join(engine: Engine) -> int:
         return engine.rank
     new = True
     while True:
+        if engine.stands_by and engine.stand_by():  # every rank stands by: the highest that just joined
+            last = engine.allreduce(np.array([-(engine.rank + 1) if new else 0], np.int32), ReduceOp.MIN)
+            return -int(np.asarray(last)[0]) - 1
         word = _exchange(engine, True, new)
         new = False
         if word[0] == 1:  # no rank is active any more

@@ -33,8 +33,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
     engine = process_set.require_engine("broadcast_object")
     with engine.guard("broadcast_object"):  # a pickling error on the root: an error on every rank
         mine = _dumps(obj) if engine.rank == root_rank else None
-        joins.admit(engine, "broadcast_object")
-    data = joins.broadcast_bytes(engine, mine, root_rank)
+    data = joins.collective(engine, "broadcast_object", lambda: joins.broadcast_bytes(engine, mine, root_rank))
     if engine.rank == root_rank:
         return obj
     return pickle.loads(data.tobytes())
@@ -54,9 +53,8 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
     engine = process_set.require_engine("allgather_object")
     with engine.guard("allgather_object"):  # a pickling error on one rank: an error on every rank
         data = _dumps(obj)
-        joins.admit(engine, "allgather_object")
-    sizes = engine.allgather(np.array([data.size], np.int64))
-    gathered = np.asarray(engine.allgather(data))
+    sizes, gathered = joins.collective(engine, "allgather_object", lambda: (
+        engine.allgather(np.array([data.size], np.int64)), np.asarray(engine.allgather(data))))
     out, at = [], 0
     for n in np.asarray(sizes).tolist():
         out.append(pickle.loads(gathered[at:at + n].tobytes()))
