@@ -209,17 +209,19 @@ class _Graph:
         """The collectives a run of ``fetches`` with ``fed`` fed needs, in creation order: looked up
         by the objects themselves when they are hashable (a training loop's every run after the
         first: no graph lookups), else worked out from their graph elements' names."""
+        quick = (fetches if not isinstance(fetches, list) else tuple(fetches), tuple(fed), len(self.by_op))
         try:
-            quick = (fetches if not isinstance(fetches, list) else tuple(fetches), tuple(fed), len(self.by_op))
             found = self.quick.get(quick)
         except TypeError:  # a dict or nested list among the fetches: the graph elements' key below
-            quick, found = None, None
+            return self._plan(graph, fetches, fed)
         if found is None:
             found = self._plan(graph, fetches, fed)
-            if quick is not None:
-                if len(self.quick) > _MAX_PLANS:
-                    self.quick.clear()
+            if len(self.quick) > _MAX_PLANS:
+                self.quick.clear()
+            try:
                 self.quick[quick] = found
+            except TypeError:  # (hashable, but compared with another key to a tensor: not kept)
+                pass
         return found
 
     def _plan(self, graph: tf.Graph, fetches: Any, fed: Any) -> list[_Collective]:
