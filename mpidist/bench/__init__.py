@@ -8,7 +8,7 @@
   ``strategy.reduce`` and a replica context, against one hand-packed raw Allreduce and one raw call
   per tensor (bench/fusion.py);
 - ``v1``: a ``tf.compat.v1`` Session.run training step with Horovod's DistributedOptimizer against the
-  same step in one process (needs TensorFlow; bench/v1.py);
+  same step in one process and with one hand-packed raw Allreduce (needs TensorFlow; bench/v1.py);
 - ``gpu``: allreduce of CuPy arrays, mpidist's GPU path against raw CuPy NCCL (needs CuPy and GPUs);
 - ``scale``: at any job size, every collective checked against a local reference, start-up time and
   per-call time (``--against`` an earlier run's JSON, e.g. at -n 2: ratios; bench/scale.py).

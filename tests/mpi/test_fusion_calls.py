@@ -13,7 +13,7 @@ calls: nothing is known yet to speculate on); results equal the sum of every ran
 Paths: NumPy-mode ``strategy.reduce``, ``extended.batch_reduce_to`` and a replica context's
 ``all_reduce`` in ``strategy.run``; TensorFlow-mode ``strategy.reduce`` (eager) and the replica
 context's ``all_reduce`` inside a ``tf.function`` (Keras's optimizer's path); Horovod's
-``DistributedGradientTape``.
+``DistributedGradientTape`` and ``DistributedOptimizer`` in a ``tf.compat.v1`` graph (Session.run).
 
 Gradient sets (mpidist/bench/shapes.py): ResNet-50 (Keras's 214 trainable tensors, 102 MB) at the
 default threshold (64 MiB: 2 packs); BERT-base's 199 tensors with widths divided by 4 (6.8 M
@@ -254,6 +254,28 @@ def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
     seen = run_steps(gradient_set, step, comm)
     packs = len(packing.plan([4 * math.prod(s) for s in shapes], [0] * len(shapes), 0, None))
     assert [d for d, _ in seen] == [packs] * STEPS, f"{gradient_set}: one data call per pack ({packs}), no more"
+
+
+def test_horovod_v1_distributed_optimizer(hvd, gradient_set, comm):
+    """A ``tf.compat.v1`` ``Session.run`` of ``DistributedOptimizer(op=Sum).compute_gradients``: the
+    gradients of sum(v * g) are g (fed through placeholders), all of them one grouped collective op
+    of the graph, so a step makes the tape's calls (plus the join word, as the tape above), not one
+    per gradient (sessions.py runs it in its op: the v1 step of issue 33)."""
+    import tensorflow as tf
+    shapes = SETS[gradient_set][0]
+    graph = tf.Graph()
+    with graph.as_default():
+        fed = [tf.compat.v1.placeholder(tf.float32, s) for s in shapes]
+        variables = [tf.compat.v1.Variable(tf.zeros(s)) for s in shapes]
+        loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, fed)])
+        optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), op=hvd.Sum)
+        grads = [g for g, _ in optimizer.compute_gradients(loss, variables)]
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init)
+        feed = dict(zip(fed, inputs(shapes, comm.Get_rank())))
+        run_steps(gradient_set, lambda: session.run(grads, feed), comm,
+                  blocking_limit=2 if comm.Get_size() > 1 else 1)
 
 
 def test_an_explicit_pack_size_overrides_fusion(np_strategy, comm):

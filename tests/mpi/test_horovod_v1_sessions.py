@@ -38,6 +38,31 @@ def test_fetching_a_later_collective_needs_nothing_of_an_earlier_one():
             np.testing.assert_array_equal(got_b, sum(_all((2,), 1)))
 
 
+def test_plans_follow_what_each_run_fetches_and_feeds():
+    """Plans are kept by a run's own fetches and fed keys: one list object holding another
+    collective, the same fetch with an intermediate result fed (its collective cut) and without,
+    and a collective built after earlier runs each run what they need now (a stale plan raises,
+    "did not plan", or waits for a collective that never runs)."""
+    me = hvd.rank()
+    with tf.Graph().as_default():
+        a = hvd.allreduce(tf.constant(data(me, (2,), seed=7)), op=hvd.Sum)
+        b = hvd.allreduce(tf.constant(data(me, (3,), seed=8)), op=hvd.Sum)
+        c = hvd.allreduce(a * 2.0, op=hvd.Sum)
+        fetches = [a]
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(fetches)[0], sum(_all((2,), 7)))
+            fetches[0] = b
+            np.testing.assert_array_equal(sess.run(fetches)[0], sum(_all((3,), 8)))
+            for _ in range(2):
+                fed = np.array([1.0, 2.0], np.float32)
+                np.testing.assert_array_equal(sess.run(c, {a: fed}), 2.0 * hvd.size() * fed)
+                np.testing.assert_array_equal(sess.run(c), 2.0 * hvd.size() * sum(_all((2,), 7)))
+            d = hvd.allreduce(c + b[:2], op=hvd.Sum)
+            fetches[0] = d
+            want = hvd.size() * (2.0 * hvd.size() * sum(_all((2,), 7)) + sum(_all((3,), 8))[:2])
+            np.testing.assert_allclose(sess.run(fetches)[0], want, rtol=1e-6)
+
+
 def test_a_run_does_only_the_collectives_it_fetches():
     """The input of an earlier collective counts its runs: runs of later collectives leave it alone
     (nothing before them runs again), and each later one is root 0's value."""

@@ -51,6 +51,7 @@ from ...tensorflow.collectives import in_v1_control_flow, wrap_session_callables
 
 _THREAD = "mpidist-v1-collectives"  # the name of the thread that runs a step's collectives
 RAISED = 2  # the status output of a collective whose body raised: the check re-raises it
+_MAX_PLANS = 1024  # plans kept per graph by the runs' own fetches (a program fetching ever new lists: forgotten)
 
 Body = Callable[..., list[Any]]  # the input arrays -> the outputs
 
@@ -185,6 +186,7 @@ class _Graph:
         self.by_op: dict[str, _Collective] = {}  # the submit op's name -> its collective
         self.by_index: dict[int, _Collective] = {}
         self.plans: dict[Any, list[_Collective]] = {}
+        self.quick: dict[tuple, list[_Collective]] = {}  # plans by the run's own fetches and fed keys
         self.turn = threading.Lock()
         self.step: _Step | None = None
         self.owner: int | None = None  # the thread whose run the step is
@@ -204,7 +206,25 @@ class _Graph:
             [np.int32(0), b""]
 
     def plan(self, graph: tf.Graph, fetches: Any, fed: Any) -> list[_Collective]:
-        """The collectives a run of ``fetches`` with ``fed`` fed needs, in creation order."""
+        """The collectives a run of ``fetches`` with ``fed`` fed needs, in creation order: looked up
+        by the objects themselves when they are hashable (a training loop's every run after the
+        first: no graph lookups), else worked out from their graph elements' names."""
+        quick = (fetches if not isinstance(fetches, list) else tuple(fetches), tuple(fed), len(self.by_op))
+        try:
+            found = self.quick.get(quick)
+        except TypeError:  # a dict or nested list among the fetches: the graph elements' key below
+            return self._plan(graph, fetches, fed)
+        if found is None:
+            found = self._plan(graph, fetches, fed)
+            if len(self.quick) > _MAX_PLANS:
+                self.quick.clear()
+            try:
+                self.quick[quick] = found
+            except TypeError:  # (hashable, but compared with another key to a tensor: not kept)
+                pass
+        return found
+
+    def _plan(self, graph: tf.Graph, fetches: Any, fed: Any) -> list[_Collective]:
         targets = [_element(graph, x, True) for x in _leaves(fetches)]
         cut = {_element(graph, x, False).name for x in _leaves(fed)}
         key = (tuple(t.name for t in targets), frozenset(cut), len(self.by_op))
