@@ -6,7 +6,9 @@ fusion``) and the per-step call-count test (tests/mpi/test_fusion_calls.py):
 - :func:`resnet50`: the trainable weights of ``keras.applications.ResNet50(weights=None)``, in its
   order: 214 tensors, 25,583,592 parameters (102.3 MB in float32); ``conv_bias=False`` gives the 161
   of torchvision's ResNet-50 (convolutions without bias: 25,557,032 parameters), the count Horovod's
-  papers quote. Checked against Keras 3.15 once, shape for shape.
+  papers quote. Checked against Keras 3.15 once, shape for shape. ``scale=k`` divides every width
+  (the stages' 64 to 512 and their 4× outputs, the 1000 classes) by k, keeping the tensor count and
+  order: about k² times fewer parameters.
 - :func:`bert_base`: BERT-base's 199 weight tensors (embeddings, 12 encoder layers of 16 tensors,
   pooler): 109,482,240 parameters (438 MB in float32). ``scale=k`` divides the hidden size (768),
   the vocabulary (30522), the positions (512) and the feed-forward width (3072) by k, keeping the
@@ -25,12 +27,13 @@ def _conv_bn(shapes: list[Shape], k: int, cin: int, cout: int, conv_bias: bool) 
     shapes += [(cout,), (cout,)]
 
 
-def resnet50(conv_bias: bool = True) -> list[Shape]:
-    """The trainable weight shapes of ResNet-50 (see the module docstring), in the model's order."""
+def resnet50(conv_bias: bool = True, scale: int = 1) -> list[Shape]:
+    """The trainable weight shapes of ResNet-50 (see the module docstring), in the model's order;
+    ``scale`` divides its widths."""
     shapes: list[Shape] = []
-    _conv_bn(shapes, 7, 3, 64, conv_bias)
-    cin = 64
-    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+    _conv_bn(shapes, 7, 3, 64 // scale, conv_bias)
+    cin = 64 // scale
+    for width, blocks in ((64 // scale, 3), (128 // scale, 4), (256 // scale, 6), (512 // scale, 3)):
         for b in range(blocks):
             out = 4 * width
             if b == 0:  # the projection shortcut's conv comes before the block's third conv, BNs after both
@@ -47,7 +50,8 @@ def resnet50(conv_bias: bool = True) -> list[Shape]:
                 _conv_bn(shapes, 3, width, width, conv_bias)
                 _conv_bn(shapes, 1, width, out, conv_bias)
             cin = out
-    shapes += [(2048, 1000), (1000,)]
+    classes = -(-1000 // scale)
+    shapes += [(cin, classes), (classes,)]
     return shapes
 
 

@@ -16,7 +16,9 @@ context's ``all_reduce`` inside a ``tf.function`` (Keras's optimizer's path); Ho
 ``DistributedGradientTape`` and ``DistributedOptimizer`` in a ``tf.compat.v1`` graph (Session.run).
 
 Gradient sets (mpidist/bench/shapes.py): ResNet-50 (Keras's 214 trainable tensors, 102 MB) at the
-default threshold (64 MiB: 2 packs); BERT-base's 199 tensors with widths divided by 4 (6.8 M
+default threshold (64 MiB: 2 packs) through NumPy's ``strategy.reduce``, and on every path with its
+widths divided by 4 (6.5 MB) and the threshold divided by 16 like its size (the same 2 packs:
+checked, below), so that the six paths at 4 ranks on 2 cores do not move 102 MB six times; BERT-base's 199 tensors with widths divided by 4 (6.8 M
 parameters, 27 MB instead of 438 MB, so that 4 ranks on 2 cores stay fast) with automatic packing's
 threshold divided by 16 like its size (``packing.FUSION_BYTES`` set to 4 MiB for those tests: the
 same 7 packs as the full model at 64 MiB, its embedding alone in both); 1000 tensors of 4 KB (one
@@ -43,7 +45,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.node_layout]
 
 STEPS = 2  # the first (general path, agreed before the data) and a repeat (cached, speculated)
 SETS = {  # name: (shapes, the fusion threshold of automatic packing)
-    "resnet50": (model_shapes.resnet50(), packing.FUSION_BYTES),
+    "resnet50/4": (model_shapes.resnet50(scale=4), packing.FUSION_BYTES // 16),
     "bert_base/4": (model_shapes.bert_base(scale=4), packing.FUSION_BYTES // 16),
     "small_1000": (model_shapes.small(1000, 1024), packing.FUSION_BYTES),
 }
@@ -189,6 +191,31 @@ def test_numpy_replica_all_reduce(np_strategy, gradient_set, comm):
     run_steps(gradient_set, lambda: np_strategy.run(replica, args=(grads,)), comm)
 
 
+def test_numpy_strategy_reduce_full_size_resnet50_at_the_default_threshold(np_strategy, comm):
+    """The full-size ResNet-50 (102 MB) at the default threshold: at most 3 calls per step (issue 33's
+    bound; 2 packs), and the scaled set the other paths use packs the same: as many packs, each
+    holding the same tensors."""
+    full = model_shapes.resnet50()
+    scaled, threshold = SETS["resnet50/4"]
+
+    full_plan = packing.plan([4 * math.prod(s) for s in full], [0] * len(full), 0, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packing, "FUSION_BYTES", threshold)
+        scaled_plan = packing.plan([4 * math.prod(s) for s in scaled], [0] * len(scaled), 0, None)
+    assert len(full_plan) == len(scaled_plan) == 2
+    assert [list(p) for p in full_plan] == [list(p) for p in scaled_plan]
+    grads = inputs(full, comm.Get_rank())
+    ref = [sum(((np.arange(math.prod(s), dtype=np.float32) % 13) * (r + 1) + (i % 7) - r).reshape(s)
+               for r in range(comm.Get_size())) for i, s in enumerate(full)]
+    step_counts()
+    for _ in range(STEPS):
+        got = np_strategy.reduce("sum", grads, axis=None)
+        data, _blocking = step_counts()
+        assert data <= 3, f"full-size ResNet-50: {data} data calls in a step"
+        for i, (g, r) in enumerate(zip(got, ref)):
+            np.testing.assert_array_equal(np.asarray(g), r, err_msg=f"resnet50 tensor {i}")
+
+
 # -- TensorFlow mode -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -256,13 +283,22 @@ def test_horovod_distributed_gradient_tape(hvd, gradient_set, comm):
     assert [d for d, _ in seen] == [packs] * STEPS, f"{gradient_set}: one data call per pack ({packs}), no more"
 
 
-def test_horovod_v1_distributed_optimizer(hvd, gradient_set, comm):
+@pytest.fixture(params=["resnet50/4", "bert_base/4"])
+def v1_gradient_set(request, monkeypatch):
+    """The large sets only: a v1 graph of the 1000-tensor set (1000 placeholders, variables and
+    gradients, fed every run) took 50 s at 4 ranks on 2 cores to build and run, and the count does
+    not depend on the number of tensors here (one grouped op, packed as every path packs)."""
+    monkeypatch.setattr(packing, "FUSION_BYTES", SETS[request.param][1])
+    return request.param
+
+
+def test_horovod_v1_distributed_optimizer(hvd, v1_gradient_set, comm):
     """A ``tf.compat.v1`` ``Session.run`` of ``DistributedOptimizer(op=Sum).compute_gradients``: the
     gradients of sum(v * g) are g (fed through placeholders), all of them one grouped collective op
-    of the graph, so a step makes the tape's calls (plus the join word, as the tape above), not one
-    per gradient (sessions.py runs it in its op: the v1 step of issue 33)."""
+    of the graph, so a step makes the tape's calls, one data call per pack, not one per gradient
+    (sessions.py runs it in its op: the v1 step of issue 33)."""
     import tensorflow as tf
-    shapes = SETS[gradient_set][0]
+    shapes = SETS[v1_gradient_set][0]
     graph = tf.Graph()
     with graph.as_default():
         fed = [tf.compat.v1.placeholder(tf.float32, s) for s in shapes]
@@ -274,19 +310,20 @@ def test_horovod_v1_distributed_optimizer(hvd, gradient_set, comm):
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
         feed = dict(zip(fed, inputs(shapes, comm.Get_rank())))
-        run_steps(gradient_set, lambda: session.run(grads, feed), comm,
-                  blocking_limit=2 if comm.Get_size() > 1 else 1)
+        seen = run_steps(v1_gradient_set, lambda: session.run(grads, feed), comm)
+    packs = len(packing.plan([4 * math.prod(s) for s in shapes], [0] * len(shapes), 0, None))
+    assert [d for d, _ in seen] == [packs] * STEPS, f"{v1_gradient_set}: one data call per pack ({packs}), no more"
 
 
 def test_an_explicit_pack_size_overrides_fusion(np_strategy, comm):
     """``bytes_per_pack`` given (a call's CommunicationOptions; rc.bytes_per_pack, which
     HOROVOD_FUSION_THRESHOLD sets) packs by that size instead: one data call per pack of its plan."""
     from mpidist.cross_device.options import CommunicationOptions
-    shapes = SETS["resnet50"][0]
+    shapes = SETS["resnet50/4"][0]
     grads = inputs(shapes, comm.Get_rank())
-    ref = expected("resnet50", comm.Get_size())
+    ref = expected("resnet50/4", comm.Get_size())
     nbytes = [4 * math.prod(s) for s in shapes]
-    for size in (8 << 20, 1 << 20):
+    for size in (512 << 10, 64 << 10):  # the full model's 8 MiB and 1 MiB, scaled as the set is
         want = len(packing.plan(nbytes, [0] * len(nbytes), size, None))
         assert want > bound(shapes, packing.FUSION_BYTES)
         step_counts()
