@@ -17,6 +17,8 @@ fusion``) and the per-step call-count test (tests/mpi/test_fusion_calls.py):
 """
 from __future__ import annotations
 
+from typing import Callable
+
 Shape = tuple[int, ...]
 
 
@@ -74,4 +76,4 @@ def small(count: int = 1000, size: int = 1024) -> list[Shape]:
     return [(size,)] * count
 
 
-MODELS = {"resnet50": resnet50, "bert_base": bert_base, "small": small}
+MODELS: dict[str, Callable[..., list[Shape]]] = {"resnet50": resnet50, "bert_base": bert_base, "small": small}
