@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mpidist.bench import shapes as model_shapes  # noqa: E402
+from mpidist.collectives.algorithms import choice  # noqa: E402
 from tools.costmodel import horovod, step  # noqa: E402
 from tools.costmodel.__main__ import main as costmodel_main  # noqa: E402
 from tools.costmodel.presets import Params  # noqa: E402
@@ -103,9 +104,9 @@ def recorded():
 
 
 def test_recorded_steps_reduce_every_byte_within_the_bound(recorded):
-    tape = "horovod DistributedGradientTape"
     for layout, part in recorded["layouts"].items():
         assert part["ranks"] >= 2 and part["nodes"] == (1 if layout == "one-node" else 2)
+        shape = choice.Shape(part["ranks"], part["ranks"] // part["nodes"], part["nodes"], 1)  # default NICs
         for model in ("resnet50", "bert_base"):
             s = part["sets"][model]
             nbytes = 4 * sum(math.prod(x) for x in getattr(model_shapes, model)())
@@ -120,13 +121,18 @@ def test_recorded_steps_reduce_every_byte_within_the_bound(recorded):
                     where = f"{layout} {model} {path} step {i}"
                     assert 1 <= len(data) <= bound, where
                     assert sum(c["bytes"] for c in grads) == nbytes, where
-                    want = "flat" if layout == "one-node" else "hierarchical"
-                    assert {c["algorithm"] for c in grads} == {want}, where
-                    # Horovod's join exchange: one small call more per step (issue 33's known gap)
-                    extra = [c for c in data if c["dtype"] != "float32"]
-                    assert len(extra) <= (1 if path == tape else 0) and all(c["bytes"] <= 64 for c in extra), where
+                    # what `auto` picks today for each pack on this layout: a recording from before a
+                    # change of the rule fails here (re-record: python -m tools.costmodel record)
+                    want = [choice.auto(shape, c["bytes"]) for c in grads]
+                    assert [c["algorithm"] for c in grads] == want, where
+                    assert data == grads, f"{where}: a call that is not a gradient pack"  # no join word
+                    packs = [c["bytes"] for c in s["paths"]["strategy.reduce"][i] if c["collective"] == "allreduce"]
+                    assert [c["bytes"] for c in grads] == packs, f"{where}: other packs than strategy.reduce's"
                 blocking = [c for c in steps[-1] if c["collective"] == "agreement" and not c["speculated"]]
-                assert len(blocking) <= (2 if path == tape else 1), f"{layout} {model} {path}: repeated step"
+                if all(c["algorithm"] == "flat" for c in steps[-1] if c["collective"] == "allreduce"):
+                    # a repeated step of flat calls speculates its agreement (agreement.py)
+                    assert not blocking, f"{layout} {model} {path}: repeated step"
+                assert len(blocking) <= 1, f"{layout} {model} {path}: repeated step"
 
 
 def test_predict_rows_use_the_layout_and_compose(recorded):
@@ -140,7 +146,7 @@ def test_predict_rows_use_the_layout_and_compose(recorded):
         assert row["mpi"]["total_s"] == pytest.approx(want["total_s"])
         assert row["mpi"]["efficiency"] == pytest.approx(0.1 / (0.1 + want["total_s"]))
         assert 0 < row["horovod"]["efficiency"] <= 1
-    assert one["mpi"]["blocking"] == 0 and two["mpi"]["blocking"] == 1  # hierarchical: never speculated
+    assert one["mpi"]["blocking"] == two["mpi"]["blocking"] == 0  # repeated flat calls speculate
 
 
 def test_step_cli(capsys):

@@ -12,12 +12,12 @@ keeps the class, so the engine's private clone, its agreement exchange and the c
 record too); the node and leader communicators are wrapped the same way after the strategy is
 built. This is the same technique as tests/mpi/test_fusion_calls.py; nothing in mpidist changes.
 
-Two launches, so that both algorithm choices are seen: ``one-node`` (``mpirun -n 2``: every call
-flat) and ``multi-node`` (``mpirun -n 4`` with ``MPIDIST_LOCAL_SIZE=2``: two fake nodes, so the
-automatic rule of the time picked hierarchical from 1 MiB up; the committed recorded_calls.json is
-from then: since ``auto`` picks by the cost model, which takes flat on this layout, a new recording
-would list flat calls there). Rank 0 (a node leader)
-writes what it issued. Per MPI call the file holds: ``collective`` (``allreduce`` for data,
+Two launches, so that both of ``auto``'s situations are seen: ``one-node`` (``mpirun -n 2``: always
+flat) and ``multi-node`` (``mpirun -n 4`` with ``MPIDIST_LOCAL_SIZE=2``: two fake nodes, where ``auto``
+asks the cost model per pack, mpidist/collectives/algorithms/choice.py; with the default links it
+takes flat there too, so the committed file lists flat calls in both layouts, and
+tests/unit/test_costmodel_step.py fails if a change of the rule leaves the file behind). Rank 0 (a
+node leader) writes what it issued. Per MPI call the file holds: ``collective`` (``allreduce`` for data,
 ``agreement`` for the 24-byte signature exchange), ``bytes`` and ``dtype`` of the buffer,
 ``algorithm`` (``flat``: one Allreduce/Iallreduce on the job; ``hierarchical``: Reduce in the node,
 Allreduce among leaders, Bcast in the node, listed in ``mpi``), ``packed`` (the send buffer is a
