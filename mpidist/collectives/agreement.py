@@ -162,15 +162,19 @@ class Agreement:
         self.exchanges += 1
         return Exchange(self.comm, h, speculated)
 
+    def wait(self, exchange: Exchange, call: Any) -> None:
+        """Wait for ``exchange`` to complete, under ``call``'s deadline when there is a call."""
+        if call is None:
+            exchange.request.Wait()
+        else:
+            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+
     def fail(self, call: Any, where: str, error: BaseException) -> None:
         """This rank's call of ``where`` failed before its exchange: take part in the exchange with
         :data:`FAILED`, then raise ``error`` here and an error naming this rank on every other rank
         (see the module docstring). Always raises."""
         exchange = self.post(FAILED, False)
-        if call is None:
-            exchange.request.Wait()
-        else:
-            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        self.wait(exchange, call)
         low, neg_high, neg_spec = exchange.recv.tolist()
         last, self.last = self.last, None
         if neg_high == -FAILED and low == FAILED:  # every rank failed (none stands by): each raises its own
@@ -185,10 +189,7 @@ class Agreement:
         agreement remember (hash, ``recipe``: a callable is called only then, so that its errors,
         equal on every rank for an agreed signature, come after the check); else drain if needed
         and raise on every rank."""
-        if call is None:
-            exchange.request.Wait()
-        else:
-            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        self.wait(exchange, call)
         self._settle(exchange.recv, exchange.h, exchange.speculated, key, where, recipe)
 
     def _settle(self, recv: np.ndarray, h: int, speculated: bool, key: tuple, where: str,
@@ -213,10 +214,7 @@ class Agreement:
         collective (they raise :class:`StandingByError` from it); a failure or mismatch among them
         raises here too."""
         exchange = self.post(STANDING, False)
-        if call is None:
-            exchange.request.Wait()
-        else:
-            call.wait(exchange.request, self.comm, "Allreduce", (exchange.send, exchange.recv))
+        self.wait(exchange, call)
         _, neg_high, neg_spec = exchange.recv.tolist()
         last, self.last = self.last, None
         if neg_high == _NEUTRAL:  # every rank stands by
