@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -25,14 +24,6 @@ SETTINGS = [dict(), dict(nics_per_node=8), dict(check_agreement=False), dict(hie
             dict(hierarchical_threshold=64 << 10)]
 
 
-@pytest.fixture
-def trace_dir(comm):
-    path = tempfile.mkdtemp(prefix="mpidist-choice-") if comm.rank == 0 else None
-    path = comm.bcast(path, root=0)
-    yield path
-    comm.Barrier()
-
-
 def _run_traced(comm, directory, settings, body):
     """``body(engine)`` on a fresh engine with the timeline on; this rank's collective spans."""
     engine = mpidist.Engine(comm)
@@ -48,7 +39,7 @@ def _run_traced(comm, directory, settings, body):
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "model")
-def test_auto_equals_numpy_and_names_its_choice(comm, trace_dir, settings):
+def test_auto_equals_numpy_and_names_its_choice(comm, shared_dir, settings):
     results, expected_names, seen = {}, [], {}
 
     def body(engine):
@@ -57,7 +48,7 @@ def test_auto_equals_numpy_and_names_its_choice(comm, trace_dir, settings):
             expected_names.append(algorithms.auto_name(engine.topology, count * 4))
             results[count] = engine.allreduce(make(engine.rank, np.float32, (count,)), "sum")
 
-    spans = _run_traced(comm, trace_dir, settings, body)
+    spans = _run_traced(comm, shared_dir, settings, body)
     for count in COUNTS:
         assert_same(results[count], reduce_all([make(r, np.float32, (count,)) for r in range(comm.size)], "sum"))
     got = [s["args"]["algorithm"] for s in spans]
@@ -68,7 +59,7 @@ def test_auto_equals_numpy_and_names_its_choice(comm, trace_dir, settings):
         assert set(got) == {"hierarchical" if seen["multi_node"] else "flat"}
 
 
-def test_explicit_algorithm_wins_and_is_recorded(comm, trace_dir):
+def test_explicit_algorithm_wins_and_is_recorded(comm, shared_dir):
     x = make(comm.rank, np.float64, (5000,))
     results = {}
 
@@ -76,7 +67,7 @@ def test_explicit_algorithm_wins_and_is_recorded(comm, trace_dir):
         for name in ("flat", "hierarchical"):
             results[name] = engine.allreduce(x, "sum", algorithm=name)
 
-    spans = _run_traced(comm, trace_dir, dict(hierarchical_threshold=0), body)
+    spans = _run_traced(comm, shared_dir, dict(hierarchical_threshold=0), body)
     assert [s["args"]["algorithm"] for s in spans] == ["flat", "hierarchical"]
     assert not any("chosen_by" in s["args"] for s in spans)
     expected = reduce_all([make(r, np.float64, (5000,)) for r in range(comm.size)], "sum")

@@ -3,21 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
 import pytest
 
 import mpidist
 from mpidist.collectives import timeline
-
-
-@pytest.fixture
-def trace_dir(comm):
-    path = tempfile.mkdtemp(prefix="mpidist-timeline-") if comm.rank == 0 else None
-    path = comm.bcast(path, root=0)
-    yield path
-    comm.Barrier()
 
 
 def _record(comm, directory, body):
@@ -46,7 +37,7 @@ def _phases_of(events, span):
             and e["ts"] >= start - 0.01 and e["ts"] + e["dur"] <= end + 0.01]
 
 
-def test_every_collective_is_one_span_with_its_phases(comm, trace_dir):
+def test_every_collective_is_one_span_with_its_phases(comm, shared_dir):
     x = np.arange(1000, dtype=np.float32)
     nest = {"a": x, "b": [np.ones(3, np.int64), np.full(7, 2.0)]}
 
@@ -59,7 +50,7 @@ def test_every_collective_is_one_span_with_its_phases(comm, trace_dir):
         engine.reduce(x, root=0)
         engine.reduce_scatter(x)
 
-    events = _record(comm, trace_dir, body)
+    events = _record(comm, shared_dir, body)
     spans = _collectives(events)
     assert [s["name"] for s in spans] == ["allreduce", "allreduce", "allreduce", "broadcast", "allgather",
                                           "reduce", "reduce_scatter"]
@@ -87,7 +78,7 @@ def test_every_collective_is_one_span_with_its_phases(comm, trace_dir):
 
 
 @pytest.mark.node_layout  # the steps depend on the nodes
-def test_hierarchical_steps_are_named(comm, trace_dir):
+def test_hierarchical_steps_are_named(comm, shared_dir):
     """With the hierarchical algorithm the node and leaders steps show as separate transfers."""
     x = np.ones(4096, dtype=np.float32)
     seen = {}
@@ -97,7 +88,7 @@ def test_hierarchical_steps_are_named(comm, trace_dir):
         seen.update(nodes=topo.num_nodes, local_size=topo.local_size, leader=topo.local_rank == 0)
         engine.allreduce(x, algorithm="hierarchical")
 
-    events = _record(comm, trace_dir, body)
+    events = _record(comm, shared_dir, body)
     span, = _collectives(events)
     steps = [(p["args"]["mpi"], p["args"]["ranks"]) for p in _phases_of(events, span) if p["name"] == "transfer"]
     # reduce inside the node, allreduce among the node leaders (leaders only), broadcast inside the node
@@ -108,14 +99,14 @@ def test_hierarchical_steps_are_named(comm, trace_dir):
     assert steps == expected
 
 
-def test_results_do_not_change_and_off_means_no_file(comm, trace_dir):
+def test_results_do_not_change_and_off_means_no_file(comm, shared_dir):
     x = np.arange(10, dtype=np.float64) + comm.rank
     results = {}
 
     def body(engine):
         results["on"] = engine.allreduce(x)
 
-    _record(comm, trace_dir, body)
+    _record(comm, shared_dir, body)
     engine = mpidist.Engine(comm)
     try:
         assert timeline.recorder() is None
@@ -123,4 +114,4 @@ def test_results_do_not_change_and_off_means_no_file(comm, trace_dir):
     finally:
         engine.close()
     comm.Barrier()
-    assert sorted(os.listdir(trace_dir)) == sorted(f"trace.rank{r}.json" for r in range(comm.size))
+    assert sorted(os.listdir(shared_dir)) == sorted(f"trace.rank{r}.json" for r in range(comm.size))
