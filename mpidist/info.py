@@ -52,7 +52,7 @@ def _cupy_nccl() -> dict[str, Any]:
 
 def _algorithm_bands(topo: Topology) -> dict[str, Any]:
     """What allreduce ``algorithm`` each size band gets on this job, and why (predicted seconds)."""
-    shape = choice.Shape(topo.size, topo.largest_node, topo.num_nodes, rc.nics_per_node)
+    shape = choice.shape_of(topo, rc.nics_per_node)
     rows = choice.bands(shape, rc.hierarchical_threshold, rc.check_agreement)
     if rc.algorithm != "auto":
         return {"setting": rc.algorithm, "reason": f"rc.algorithm={rc.algorithm}",

@@ -136,7 +136,7 @@ def _auto_note(topo: Any) -> str:
         return f"rc.algorithm={rc.algorithm} for every buffer"
     if not topo.multi_node:
         return "auto: flat (one node or one rank per node)"
-    shape = choice.Shape(topo.size, topo.largest_node, topo.num_nodes, rc.nics_per_node)
+    shape = choice.shape_of(topo, rc.nics_per_node)
     said = choice.summary(choice.bands(shape, rc.hierarchical_threshold, rc.check_agreement))
     hint = "" if rc.hierarchical_threshold is not None else \
         f"; rc.nics_per_node={rc.nics_per_node}: set MPIDIST_NICS_PER_NODE to the NICs each node uses"

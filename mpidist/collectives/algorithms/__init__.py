@@ -19,6 +19,7 @@ __all__ = ["flat", "hierarchical", "choice", "choose", "auto_name", "auto_reason
 @lru_cache(maxsize=4096)
 def _auto(size: int, largest: int, nodes: int, nics: int, nbytes: int, threshold: int | None,
           agreement: bool) -> str:
+    """choice.auto, cached by plain values (the engine asks per buffer; choice.auto itself is not cached)."""
     return choice.auto(choice.Shape(size, largest, nodes, nics), nbytes, threshold, agreement)
 
 

@@ -67,7 +67,7 @@ class Shape:
 
 def shape_of(topo: Any, nics: int) -> Shape:
     """The Shape of a Topology (uneven nodes are costed as if all were as full as the largest)."""
-    return Shape(topo.size, max(topo.node_sizes), topo.num_nodes, nics)
+    return Shape(topo.size, topo.largest_node, topo.num_nodes, nics)
 
 
 @lru_cache(maxsize=256)
@@ -87,7 +87,6 @@ def costs(shape: Shape, nbytes: int, agreement: bool = True, links: Params = LIN
     return flat, seconds("hierarchical", prm, p, k, float(nbytes)) + extra
 
 
-@lru_cache(maxsize=4096)
 def auto(shape: Shape, nbytes: int, threshold: int | None = None, agreement: bool = True,
          links: Params = LINKS) -> str:
     """"flat" or "hierarchical" for one buffer of ``nbytes`` under ``algorithm="auto"``."""
